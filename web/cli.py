@@ -1,0 +1,67 @@
+"""The `parley` command: serve, models, chat, client.
+
+The only place that reads CLI flags; turns config errors into one line and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from web.config import AppConfig, ConfigError, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parley", description="Parley: a self-hosted realtime voice assistant.")
+    p.add_argument("--config", help="config file (default: configs/default.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set server.port=8001 (repeatable)")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the assistant server")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    sub.add_parser("models", help="list each stage's model and where it is")
+    chat = sub.add_parser("chat", help="text chat with the LLM engine in the terminal")
+    chat.add_argument("--persona")
+    client = sub.add_parser("client", help="desktop voice client (microphone and speakers)")
+    client.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def _load(args: argparse.Namespace) -> AppConfig:
+    overrides = list(args.overrides)
+    if getattr(args, "host", None):
+        overrides.append(f"server.host={args.host}")
+    if getattr(args, "port", None) is not None:
+        overrides.append(f"server.port={args.port}")
+    return load_config(args.config, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _load(args)
+    except ConfigError as exc:
+        print(f"parley: config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "models":
+        from web.models_table import print_models
+
+        return 0 if print_models(cfg) else 1
+    if args.command == "serve":
+        from web.server import serve
+
+        return serve(cfg)
+    if args.command == "chat":
+        from web.chat import chat_command
+
+        return chat_command(cfg, args.persona)
+    if args.command == "client":
+        from web.desktop import main as client_main
+
+        return client_main(cfg, args.rest)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

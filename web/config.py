@@ -1,0 +1,197 @@
+"""Config files -> frozen, validated config objects.
+
+Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+personas it names and checks cross-references (persona voice, default persona). Every problem
+becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+TRACE_STAGES = ("endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice")
+
+
+class ConfigError(Exception):
+    """One line: `<file>: <key>: <reason>`."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VadModel(_Strict):
+    backend: Literal["silero", "webrtc"] = "silero"
+    source: str = "embedded"  # silero weights; webrtc has none
+
+
+class VadConfig(_Strict):
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    webrtc_aggressiveness: int = Field(2, ge=0, le=3)
+    min_speech_ms: int = Field(120, ge=0)
+    hangover_ms: int = Field(500, ge=0)
+    barge_in_min_speech_ms: int = Field(300, ge=0)  # a cough or "uh-huh" is shorter
+
+
+class AsrModel(_Strict):
+    source: str = "embedded"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    compute_type: str = "int8"
+    beam_size: int = Field(1, ge=1)
+
+
+class AsrConfig(_Strict):
+    partial_interval_ms: int = Field(500, ge=100)  # how often the growing utterance is re-decoded
+
+
+class LlmConfig(_Strict):
+    source: str = "embedded"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    quant: Literal["none", "int8", "int4"] = "none"
+    max_seq_len: int = Field(2048, ge=128)
+    max_slots: int = Field(8, ge=1)
+
+
+class VoiceConfig(_Strict):
+    backend: Literal["piper", "flite", "espeak-ng", "coqui"]
+    source: str = "embedded"
+    speaker: str | None = None
+    description: str = ""
+
+
+class ModelsConfig(_Strict):
+    allow_downloads: bool = False
+    vad: VadModel = VadModel()
+    asr: AsrModel = AsrModel()
+    llm: LlmConfig = LlmConfig()
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_sessions: int = Field(16, ge=1)
+    allowed_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
+    token: str | None = None
+    trace_log: str = "traces.jsonl"
+    idle_timeout_s: float = Field(300.0, gt=0)
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    max_messages_per_s: float = Field(200.0, gt=0)
+
+
+class Persona(_Strict):
+    name: str
+    display_name: str
+    system_prompt: str
+    greeting: str | None = None
+    voice: str
+    speaking_rate: float = Field(1.0, ge=0.5, le=2.0)
+    max_reply_tokens: int = Field(120, ge=1, le=2048)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+
+class AppConfig(_Strict):
+    models: ModelsConfig = ModelsConfig()
+    vad: VadConfig = VadConfig()
+    asr: AsrConfig = AsrConfig()
+    budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
+    server: ServerConfig = ServerConfig()
+    voices: dict[str, VoiceConfig]
+    personas: tuple[str, ...]
+    personas_dir: str = "personas"
+    default_persona: str
+    persona_defs: dict[str, Persona] = Field(default_factory=dict, exclude=True)
+    source_file: str = ""
+
+    def persona(self, name: str | None) -> Persona:
+        return self.persona_defs[name or self.default_persona]
+
+
+def _first_error(err: ValidationError) -> tuple[str, str]:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in e and e["type"] not in ("missing",):
+        msg = f"{msg} (got {e['input']!r})"
+    return key, msg
+
+
+def apply_override(data: dict[str, Any], assignment: str, origin: str = "--set") -> None:
+    """`a.b.c=value` sets a nested key; the value is parsed as YAML (so 8000 is an int)."""
+    if "=" not in assignment:
+        raise ConfigError(f"{origin}: {assignment!r}: expected KEY=VALUE")
+    dotted, raw = assignment.split("=", 1)
+    keys = dotted.strip().split(".")
+    node = data
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: {dotted}: {k!r} is not a section")
+        node = child
+    try:
+        node[keys[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: {dotted}: value is not valid YAML ({exc.__class__.__name__})") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file does not exist") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(parse)"
+        raise ConfigError(f"{path}: {where}: invalid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: (top level): expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_persona(path: Path, voices: Mapping[str, VoiceConfig]) -> Persona:
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    try:
+        persona = Persona.model_validate(data)
+    except ValidationError as err:
+        key, msg = _first_error(err)
+        raise ConfigError(f"{path}: {key}: {msg}") from None
+    if persona.voice not in voices:
+        raise ConfigError(f"{path}: voice: unknown voice {persona.voice!r} (known: {', '.join(sorted(voices))})")
+    return persona
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> AppConfig:
+    """Load, override, validate. Raises ConfigError with one clear line."""
+    cfg_path = Path(path) if path else DEFAULT_CONFIG
+    data = _read_yaml(cfg_path)
+    for item in overrides:
+        apply_override(data, item)
+    data.pop("persona_defs", None)
+    try:
+        cfg = AppConfig.model_validate(data)
+    except ValidationError as err:
+        key, msg = _first_error(err)
+        raise ConfigError(f"{cfg_path}: {key}: {msg}") from None
+    for stage, budget in cfg.budgets_ms.items():
+        if budget < 0:
+            raise ConfigError(f"{cfg_path}: budgets_ms.{stage}: budget must be >= 0 (got {budget})")
+    personas_dir = (cfg_path.parent / cfg.personas_dir).resolve()
+    defs: dict[str, Persona] = {}
+    for i, name in enumerate(cfg.personas):
+        file = personas_dir / f"{name}.yaml"
+        if not file.is_file():
+            raise ConfigError(f"{cfg_path}: personas[{i}]: persona file {file} does not exist")
+        defs[name] = load_persona(file, cfg.voices)
+    if cfg.default_persona not in defs:
+        raise ConfigError(f"{cfg_path}: default_persona: {cfg.default_persona!r} is not in personas {list(cfg.personas)}")
+    return cfg.model_copy(update={"persona_defs": defs, "source_file": str(cfg_path)})
