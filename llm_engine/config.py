@@ -1,0 +1,102 @@
+"""ModelConfig: the shape of a Llama-family model, read from a Hugging Face config.json or GGUF metadata.
+
+It knows nothing about weights, devices or tokenizers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    rope_type: str = "default"  # "default" | "linear" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has biases on q/k/v projections
+    max_position_embeddings: int = 2048
+    architecture: str = "llama"
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        model_type = cfg.get("model_type", "llama")
+        if model_type not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"unsupported model_type {model_type!r}: only the Llama family (llama, qwen2, mistral)")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg.get('hidden_act')!r}: SwiGLU needs silu")
+        # transformers 5 writes rope settings under rope_parameters; older configs use rope_theta + rope_scaling.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ValueError(f"unsupported rope type {rope_type!r}")
+        scaling = RopeScaling(
+            rope_type=rope_type,
+            factor=float(rope.get("factor", 1.0)),
+            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)),
+        )
+        num_heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            architecture=model_type,
+        )
+
+    @classmethod
+    def from_json_file(cls, path: Path) -> "ModelConfig":
+        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """An HF-style config.json, so a converted GGUF cache folder looks like any HF folder."""
+        rope = {"rope_type": self.rope_scaling.rope_type, "rope_theta": self.rope_theta}
+        if self.rope_scaling.rope_type != "default":
+            rope.update({k: v for k, v in asdict(self.rope_scaling).items() if k != "rope_type"})
+        return {
+            "model_type": self.architecture,
+            "hidden_act": "silu",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.qkv_bias,
+            "max_position_embeddings": self.max_position_embeddings,
+        }

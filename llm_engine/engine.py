@@ -1,0 +1,248 @@
+"""Engine: the one dedicated thread that owns the model, the KV cache and every request's progress.
+
+submit() returns an EngineStream of events; work is scheduled by RoundRobinScheduler (pure policy)
+one unit at a time. It knows nothing about asyncio, sockets or audio: callers bridge events themselves.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from llm_engine.generation import Generation
+from llm_engine.kv_cache import SlotTable, StaticKVCache
+from llm_engine.model import Transformer
+from llm_engine.request import (
+    ChatMessage,
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    GenerateRequest,
+    SamplingParams,
+    Timings,
+    TokenEvent,
+)
+from llm_engine.scheduler import RoundRobinScheduler
+from llm_engine.tokenizer import Tokenizer
+
+__all__ = [
+    "ChatMessage", "SamplingParams", "GenerateRequest", "Timings", "TokenEvent", "FinishEvent", "ErrorEvent",
+    "Event", "EngineStream", "Engine",
+]  # fmt: skip
+
+EventCallback = Callable[[Event], None]
+
+
+class EngineStream:
+    """The caller's handle on one request: iterate events (blocking) or cancel."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+        self._events: queue.Queue[Event] = queue.Queue()
+        self.cancelled = threading.Event()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self._events.get()
+            yield ev
+            if isinstance(ev, (FinishEvent, ErrorEvent)):
+                return
+
+    def cancel(self) -> None:
+        """Checked before every unit of work, so it takes effect within one decode step."""
+        self.cancelled.set()
+        self._engine._wake()
+
+    def collect(self) -> tuple[list[int], str, Event]:
+        """Convenience: drain the stream -> (token ids, text, the final Finish/Error event)."""
+        ids, parts, last = [], [], None
+        for ev in self:
+            if isinstance(ev, TokenEvent):
+                ids.append(ev.token_id)
+                parts.append(ev.text)
+            last = ev
+        assert last is not None
+        return ids, "".join(parts), last
+
+
+@dataclass
+class _Job:
+    id: int
+    req: GenerateRequest
+    stream: EngineStream
+    on_event: EventCallback | None
+    gen: Generation
+    slot: int | None = None
+    prefilled: bool = False
+
+
+@dataclass
+class _Release:
+    session_id: str
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, max_slots: int = 8, max_seq_len: int | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        cfg = model.cfg
+        self.max_seq_len = max_seq_len or model.max_seq_len
+        dtype = next(model.parameters()).dtype
+        self.cache = StaticKVCache(
+            cfg.num_layers, max_slots, cfg.num_kv_heads, self.max_seq_len, cfg.head_dim, dtype=dtype, device=self.device
+        )
+        self.slots = SlotTable(max_slots)
+        self.scheduler = RoundRobinScheduler()
+        self._jobs: dict[int, _Job] = {}
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.load_s = 0.0
+
+    @classmethod
+    def from_path(
+        cls, path: str | Path, *, device: str = "cpu", dtype: str = "float32", max_seq_len: int = 2048, max_slots: int = 8
+    ) -> "Engine":
+        """A Hugging Face folder or a .gguf file (converted once into the user cache dir)."""
+        from llm_engine.loader import load_model
+
+        t0 = time.perf_counter()
+        model, folder = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device)
+        engine = cls(model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len)
+        engine.load_s = time.perf_counter() - t0
+        return engine
+
+    # -- caller side (any thread) ------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._inbox.put("stop")
+        self._thread.join()
+        self._thread = None
+
+    def submit(self, req: GenerateRequest, on_event: EventCallback | None = None) -> EngineStream:
+        stream = EngineStream(self)
+        gen = Generation(req, self.tokenizer, time.perf_counter(), self.device)
+        self._inbox.put(_Job(next(self._ids), req, stream, on_event, gen))
+        return stream
+
+    def release(self, session_id: str) -> None:
+        """The session ended: cancel its requests and free its slot. Blocks until the engine has done it."""
+        msg = _Release(session_id)
+        if threading.current_thread() is self._thread or self._thread is None:
+            self._handle(msg)
+            return
+        self._inbox.put(msg)
+        msg.done.wait()
+
+    def active_slots(self) -> int:
+        """Slots owned by a session (running or keeping its cache between turns)."""
+        return self.slots.owned()
+
+    def _wake(self) -> None:
+        self._inbox.put("wake")
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stopping:
+                # Block only when nothing can run; otherwise just pick up what arrived.
+                block = not self.scheduler.running()
+                try:
+                    self._handle(self._inbox.get(block=block))
+                    while True:
+                        self._handle(self._inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                self._reap_cancelled()
+                self._admit()
+                job_id = self.scheduler.next_step()
+                if job_id is not None:
+                    self._work(self._jobs[job_id])
+            for job in list(self._jobs.values()):
+                self._emit(job, job.gen.cancel())
+
+    def _handle(self, msg: object) -> None:
+        if isinstance(msg, _Job):
+            self._jobs[msg.id] = msg
+            self.scheduler.enqueue(msg.id)
+        elif isinstance(msg, _Release):
+            for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
+                self._emit(job, job.gen.cancel())
+            self.slots.release(msg.session_id)
+            msg.done.set()
+        elif msg == "stop":
+            self._stopping = True
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self._jobs.values() if j.stream.cancelled.is_set()]:
+            self._emit(job, job.gen.cancel())
+
+    def _admit(self) -> None:
+        busy_sessions = {self._jobs[j].req.session_id for j in self.scheduler.running()}
+        for job_id in self.scheduler.queued():
+            job = self._jobs[job_id]
+            if job.req.session_id in busy_sessions:
+                continue  # one request per session at a time: they share the slot's cache
+            slot = self.slots.acquire(job.req.session_id)
+            if slot is None:
+                return  # every slot is busy: FIFO, so later arrivals wait too
+            job.slot = slot
+            busy_sessions.add(job.req.session_id)
+            self.scheduler.start(job_id)
+
+    def _work(self, job: _Job) -> None:
+        assert job.slot is not None
+        state = self.slots.slots[job.slot]
+        try:
+            if not job.prefilled:
+                job.prefilled = True
+                events = job.gen.prefill(self.model, self.cache, job.slot, state)
+            else:
+                events = job.gen.step(self.model, self.cache, job.slot, state)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
+            state.tokens = []  # the cache rows may be half-written: trust none of them
+            events = [ErrorEvent(f"{type(exc).__name__}: {exc}")]
+            job.gen.finished = True
+        self._emit(job, events)
+
+    def _emit(self, job: _Job, events: list[Event]) -> None:
+        if job.id not in self._jobs:
+            return  # already retired, e.g. released from inside its own on_event callback
+        for ev in events:
+            job.stream._events.put(ev)
+            if job.on_event is not None:
+                try:
+                    job.on_event(ev)
+                except Exception as exc:  # noqa: BLE001 - a caller's callback must not kill the engine thread
+                    err = ErrorEvent(f"on_event raised {type(exc).__name__}: {exc}")
+                    job.stream._events.put(err)
+                    job.gen.finished = True
+                    break
+        if job.gen.finished:
+            self._retire(job)
+
+    def _retire(self, job: _Job) -> None:
+        self._jobs.pop(job.id, None)
+        self.scheduler.remove(job.id)
+        if job.slot is not None:
+            self.slots.finish(job.slot)
+            job.slot = None

@@ -1,0 +1,163 @@
+"""One-time conversion of a llama.cpp GGUF file into a cached Hugging Face-style folder.
+
+Reads tensors with gguf.GGUFReader, dequantizes them to float32, maps names, undoes llama.cpp's Q/K
+row permutation, and saves config.json + model.safetensors + tokenizer files under the user cache dir.
+Later loads read the safetensors (seconds). It knows nothing about the model code or the engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llm_engine.config import ModelConfig, RopeScaling
+
+CONVERTER_VERSION = 1  # bump when the conversion changes, so stale caches are rebuilt
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def default_cache_root() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("parley")) / "gguf"
+
+
+def cache_folder_for(gguf_path: Path, cache_root: Path | None = None) -> Path:
+    st = gguf_path.stat()
+    key = f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CONVERTER_VERSION}"
+    return (cache_root or default_cache_root()) / key
+
+
+def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True) -> Path:
+    """-> a folder with config.json, model.safetensors and tokenizer files; converts only the first time."""
+    gguf_path = Path(gguf_path).resolve()
+    folder = cache_folder_for(gguf_path, cache_root)
+    if (folder / "done").exists():
+        return folder
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    convert_gguf(gguf_path, tmp, progress=progress)
+    (tmp / "done").write_text("ok\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    # A rename is atomic: a half-written conversion is never mistaken for a finished one.
+    tmp.rename(folder)
+    return folder
+
+
+def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True) -> None:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    reader = GGUFReader(str(gguf_path))
+    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        meta["_n_vocab"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    names = {t.name for t in reader.tensors}
+    cfg = config_from_gguf(meta, tied="output.weight" not in names)
+    if "rope_freqs.weight" in names:
+        raise NotImplementedError(f"{gguf_path.name}: GGUF rope_freqs (Llama 3 scaling) is not supported yet")
+    state: dict[str, torch.Tensor] = {}
+    bar = tqdm(reader.tensors, desc=f"converting {gguf_path.name} (once)", unit="tensor", disable=not progress)
+    for t in bar:
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [rows=out, cols=in]
+        w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
+        name = hf_name(t.name)
+        if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = unpermute_qk(w, cfg.num_heads)
+        elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            w = unpermute_qk(w, cfg.num_kv_heads)
+        state[name] = torch.from_numpy(np.array(w, copy=True))  # reader memory is read-only
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    save_tokenizer(gguf_path, out)
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if not m or m.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's convert permutation (rotate-half rows -> interleaved pairs) for Q or K rows."""
+    rows = w.shape[0]
+    rest = w.shape[1:]
+    # llama.cpp stored, per head, rows as [half=2][pair] -> [pair][2]; reverse the swap.
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def config_from_gguf(meta: dict[str, Any], *, tied: bool) -> ModelConfig:
+    arch = str(meta["general.architecture"])
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"unsupported GGUF architecture {arch!r}")
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    scaling = RopeScaling()
+    if get("rope.scaling.type") == "linear":
+        scaling = RopeScaling(rope_type="linear", factor=float(get("rope.scaling.factor", 1.0)))
+    return ModelConfig(
+        vocab_size=int(get("vocab_size", 0)) or int(meta.get("_n_vocab", 0)),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(get("attention.key_length", 0)) or hidden // heads,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        tie_word_embeddings=tied,
+        qkv_bias=arch == "qwen2",
+        max_position_embeddings=int(get("context_length", 2048)),
+        architecture=arch,
+    )
+
+
+def _field_value(field: Any) -> Any:
+    try:
+        return field.contents()
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
+def save_tokenizer(gguf_path: Path, out: Path) -> None:
+    """transformers builds the tokenizer and chat template from the GGUF metadata; we keep its saved files."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(str(out))

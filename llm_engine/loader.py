@@ -1,0 +1,82 @@
+"""Builds our Transformer from a Hugging Face folder (config.json + safetensors, sharded or not) or a GGUF file.
+
+It knows files, parameter names and dtypes; it knows nothing about caches, tokens or threads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from llm_engine.config import ModelConfig
+from llm_engine.model import Transformer, rope_tables
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors or of every shard named in model.safetensors.index.json."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def to_our_names(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, t in hf.items():
+        if "rotary_emb" in key:
+            continue  # we compute rope tables ourselves
+        out[key.removeprefix("model.")] = t
+    return out
+
+
+def build_model(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], *, max_seq_len: int, dtype: torch.dtype, device: str
+) -> Transformer:
+    """Build on the meta device and adopt the loaded tensors, so weights are never allocated twice."""
+    with torch.device("meta"):
+        model = Transformer(cfg, max_seq_len)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    # The rope tables are non-persistent buffers still on meta: rebuild them for real, in float32.
+    cos, sin = rope_tables(cfg, max_seq_len)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def load_hf_folder(folder: Path, *, max_seq_len: int, dtype: torch.dtype, device: str) -> Transformer:
+    cfg = ModelConfig.from_json_file(folder / "config.json")
+    return build_model(cfg, to_our_names(read_safetensors(folder)), max_seq_len=max_seq_len, dtype=dtype, device=device)
+
+
+def load_model(path: str | Path, *, max_seq_len: int, dtype: str = "float32", device: str = "cpu") -> tuple[Transformer, Path]:
+    """-> (model, folder holding config.json and tokenizer files). A .gguf goes through the converted cache."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from llm_engine.gguf_loader import prepare_gguf
+
+        path = prepare_gguf(path)
+    return load_hf_folder(path, max_seq_len=max_seq_len, dtype=resolve_dtype(dtype), device=device), path

@@ -1,0 +1,167 @@
+"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral without sliding window, Qwen2).
+
+It reads and writes keys/values through a StaticKVCache at explicit positions and slots, so one
+forward serves prefill, decode and (later) batches of slots. It knows nothing about tokens as text,
+sampling, sessions or files. Parameter names follow Hugging Face's (minus the "model." prefix).
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llm_engine.config import ModelConfig, RopeScaling
+from llm_engine.kv_cache import StaticKVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the storage dtype: bfloat16 variance loses too much.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """-> [head_dim // 2] float32 inverse frequencies, with linear or Llama-3 scaling applied."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling.rope_type == "linear":
+        return inv / scaling.factor
+    if scaling.rope_type != "llama3":
+        return inv
+    # Llama 3: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    old_ctx = scaling.original_max_position_embeddings
+    low_wavelen = old_ctx / scaling.low_freq_factor
+    high_wavelen = old_ctx / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+def rope_tables(cfg: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> cos, sin [max_seq_len, head_dim] float32 (halves duplicated, the rotate-half layout)."""
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2]
+    pos = torch.arange(max_seq_len, dtype=torch.float32)
+    freqs = torch.outer(pos, inv)  # [S, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos/sin [B, 1, T, D] -> rotated x, same dtype as x."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, hidden]
+        cos: torch.Tensor,  # [B, 1, T, D]
+        sin: torch.Tensor,
+        input_pos: torch.Tensor,  # [B, T]
+        mask: torch.Tensor | None,  # [B, 1, T, kv_len] bool, None = every cached key is visible
+        cache: StaticKVCache,
+        slots: Sequence[int],
+        kv_len: int,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(self.layer, slots, input_pos, k, v)
+        keys, values = cache.read(self.layer, slots, kv_len)  # [B, Hkv, kv_len, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))  # [B, T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, *attn_args: object) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_seq_len: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_seq_len = max_seq_len
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg, max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)  # [max_seq, D] float32
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] int64
+        input_pos: torch.Tensor,  # [B, T] int64 positions, also the cache rows written
+        cache: StaticKVCache,
+        slots: Sequence[int],  # [B] cache slot per row
+        logits_for: Literal["last", "all"] = "last",
+        kv_len: int | None = None,  # cached positions to attend over; the scheduler knows it host-side
+    ) -> torch.Tensor:
+        """-> logits float32 [B, T, vocab] ("all") or [B, 1, vocab] ("last")."""
+        if kv_len is None:
+            kv_len = int(input_pos.max()) + 1  # a device sync on GPU: callers on the hot path pass it
+        x = self.embed_tokens(tokens)  # [B, T, hidden]
+        cos = self.rope_cos[input_pos].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
+        sin = self.rope_sin[input_pos].unsqueeze(1).to(x.dtype)
+        mask = causal_mask(input_pos, kv_len)
+        for block in self.layers:
+            x = block(x, cos, sin, input_pos, mask, cache, slots, kv_len)
+        if logits_for == "last":
+            x = x[:, -1:]
+        x = self.norm(x)
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head).float()
+
+
+def causal_mask(input_pos: torch.Tensor, kv_len: int) -> torch.Tensor | None:
+    """-> [B, 1, T, kv_len] bool (key position <= query position), or None when a single decode row sees all."""
+    if input_pos.shape == (1, 1):
+        return None
+    key_pos = torch.arange(kv_len, device=input_pos.device)  # [kv_len]
+    return (key_pos[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)

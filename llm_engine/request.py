@@ -1,0 +1,63 @@
+"""What flows into and out of the engine: requests, sampling settings, events, timings (frozen dataclasses).
+
+It knows nothing about models, threads or the wire.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llm_engine.tokenizer import ChatMessage
+
+__all__ = ["ChatMessage", "SamplingParams", "GenerateRequest", "Timings", "TokenEvent", "FinishEvent", "ErrorEvent", "Event"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    seed: int | None = None
+    max_new_tokens: int = 256  # 0 = prefill only (prepare the cache ahead of the turn end)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    session_id: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float = 0.0  # submit -> slot acquired, prefill starts
+    prefill_ms: float = 0.0  # prefill forward(s) of the new prompt tokens
+    first_token_ms: float = 0.0  # submit -> first token (what the user waits for)
+    decode_tokens: int = 0  # tokens from decode steps (the first token comes from prefill)
+    decode_ms: float = 0.0  # time spent in those decode steps
+    prefill_tokens: int = 0  # prompt tokens actually run through the model
+    reused_tokens: int = 0  # prompt tokens whose keys/values came from the session's cache
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # clean incremental text delta; may be "" while a character or stop string is incomplete
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: str  # "stop" | "length" | "cancelled" | "context"
+    timings: Timings
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+Event = TokenEvent | FinishEvent | ErrorEvent

@@ -1,0 +1,129 @@
+"""Tokenizer: encode/decode, the model's own chat template, stop tokens, and clean streaming text.
+
+Wraps a transformers fast tokenizer (we use it for tokenization and templates only). It knows nothing
+about models, caches or threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer: Any, *, stop_strings: Sequence[str] = ()) -> None:
+        self.hf = hf_tokenizer
+        self.stop_strings = tuple(stop_strings)
+        stops = set()
+        if hf_tokenizer.eos_token_id is not None:
+            stops.add(int(hf_tokenizer.eos_token_id))
+        # Chat models often end a turn with a token that is not the tokenizer's eos.
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>"):
+            tid = hf_tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != hf_tokenizer.unk_token_id and tid >= 0:
+                stops.add(tid)
+        self.stop_ids: frozenset[int] = frozenset(stops)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, *, stop_strings: Sequence[str] = ()) -> "Tokenizer":
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder)), stop_strings=stop_strings)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.hf.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
+        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        return str(self.hf.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt, tokenize=False))
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        # Render then encode without extra specials: the template already places bos/role markers.
+        return self.encode(self.render_chat(messages, add_generation_prompt))
+
+    def detokenizer(self) -> "IncrementalDetokenizer":
+        return IncrementalDetokenizer(self)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text deltas that concatenate to decode(all tokens).
+
+    Decoding one token alone breaks byte-level BPE (a multi-byte character spans tokens) and
+    SentencePiece spaces (a leading space depends on context). So we decode a short window that
+    starts a few tokens back, and emit only once the text no longer ends in a replacement char.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, context_tokens: int = 5) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # window start: decoded for context, never emitted again
+        self.read_offset = 0  # everything before this has been emitted
+        self.context_tokens = context_tokens
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix_text = self.tok.decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self.tok.decode(self.ids[self.prefix_offset :])
+        if full_text.endswith("\ufffd") or len(full_text) <= len(prefix_text):
+            return ""  # an incomplete UTF-8 sequence (or nothing visible yet): wait for more tokens
+        delta = full_text[len(prefix_text) :]
+        self.read_offset = len(self.ids)
+        self.prefix_offset = max(0, self.read_offset - self.context_tokens)
+        return delta
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of the stream (e.g. a dangling partial character)."""
+        prefix_text = self.tok.decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self.tok.decode(self.ids[self.prefix_offset :])
+        self.read_offset = len(self.ids)
+        return full_text[len(prefix_text) :]
+
+
+class StopStringFilter:
+    """Holds back text that might be the start of a stop string; reports when one completes.
+
+    feed() returns (text safe to emit, stopped). After a stop, the stop string and anything after it
+    are dropped.
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stop_strings if s)
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self.pending + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[: min(hits)], True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
