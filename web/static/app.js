@@ -1,0 +1,359 @@
+// Parley in the browser: wires the socket, microphone, player and page together.
+// Owns turn bookkeeping (who said what, when the reply was first heard) and client-side barge-in.
+import { Connection, CLOSE_TRY_AGAIN } from "./connection.js";
+import { startMic } from "./mic.js";
+import { Player } from "./player.js";
+import { inputText, playbackMark, responseCancel, sessionUpdate, socketUrl } from "./protocol.js";
+import * as ui from "./ui.js";
+import { LatencyStats, traceRow } from "./waterfall.js";
+
+const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
+const GAP_RESET_MS = 80; // a voiced run survives short dips between syllables
+const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
+
+const $ = (id) => document.getElementById(id);
+const conn = new Connection(socketUrl(location.href));
+const player = new Player();
+const conversation = new ui.Conversation($("conversation"));
+const latency = new LatencyStats();
+
+const turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, trace}
+const cancelled = new Set(); // turn ids whose audio we drop (barge-in or server clear)
+let mic = null;
+let micStarting = false;
+let hearing = false; // the server's VAD says the user is talking
+let awaiting = false; // a user turn ended and no reply audio has played yet
+let pendingTyped = null; // {text, at} until the server names the turn
+let lastVoicedAt = null; // page clock of the last voiced mic frame sent
+let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
+let voicedRunMs = 0;
+let gapMs = 0;
+let runStartAt = null;
+let lastMarkAt = 0;
+
+// Numbers for people and tests: the player's output level and counts, first-played times, barge-ins.
+const stats = {
+  framesSent: 0, voicedFramesSent: 0, micRms: 0,
+  playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
+  firstPlayed: {}, micToEar: {}, bargeIns: [], clears: [], errors: [], connections: [],
+};
+window.parleyStats = stats;
+window.parley = { conn, player, turns, latency, stats };
+
+function turn(turnId) {
+  let t = turns.get(turnId);
+  if (!t) {
+    t = { text: null, typed: false, voiceEndAt: null, typedAt: null, firstPlayedAt: null, micToEarMs: null, trace: null };
+    if (pendingTyped) {
+      t.typed = true;
+      t.typedAt = pendingTyped.at;
+      t.text = pendingTyped.text;
+      pendingTyped = null;
+    }
+    turns.set(turnId, t);
+  }
+  return t;
+}
+
+function refreshState() {
+  let state;
+  if (!conn.isReady) state = "offline";
+  else if (player.state.playing) state = "speaking";
+  else if (hearing) state = "hearing";
+  else if (awaiting) state = "thinking";
+  else state = mic ? "listening" : "idle";
+  ui.setState(state);
+  $("start").disabled = !!mic || micStarting;
+  $("stop").disabled = !mic && !player.state.playing;
+  $("send").disabled = !conn.isReady;
+}
+
+function renderTrace(turnId) {
+  const t = turns.get(turnId);
+  if (!t?.trace) return;
+  const row = traceRow(t.trace, { micToEarMs: t.micToEarMs, typed: t.typed, text: t.text });
+  const old = $("traces").querySelector(`li[data-turn="${turnId}"]`);
+  if (old) old.replaceWith(row);
+  else $("traces").prepend(row);
+  latency.voiceToVoice = [];
+  latency.micToEar = [];
+  for (const x of turns.values()) if (x.trace) latency.add(x.trace, x.micToEarMs ?? undefined);
+  latency.render($("latency"));
+}
+
+// --- server messages -------------------------------------------------------------------------
+
+const handlers = {
+  "session.ready"(msg) {
+    ui.clearError();
+    ui.fillPicker("persona", msg.personas, msg.persona);
+    ui.fillPicker("voice", msg.voices, msg.voice);
+    stats.outputRate = msg.output_sample_rate;
+    stats.sessionId = msg.session_id;
+    stats.persona = msg.persona;
+    stats.voice = msg.voice;
+    if (navigator.userActivation?.hasBeenActive) player.ensure(msg.output_sample_rate).catch(onAudioError);
+  },
+  "session.updated"(msg) {
+    ui.setPicker("persona", msg.persona);
+    ui.setPicker("voice", msg.voice);
+    stats.persona = msg.persona ?? stats.persona;
+    stats.voice = msg.voice ?? stats.voice;
+  },
+  "vad.speech_started"() {
+    hearing = true;
+    if (!$("partial").textContent) ui.setPartial("…");
+  },
+  "vad.speech_ended"() {
+    hearing = false;
+    utteranceEndAt = lastVoicedAt;
+  },
+  "transcript.partial"(msg) {
+    ui.setPartial(msg.text);
+  },
+  "transcript.final"(msg) {
+    const t = turn(msg.turn_id);
+    t.text = msg.text;
+    if (!t.typed) t.voiceEndAt = utteranceEndAt ?? lastVoicedAt;
+    ui.setPartial("");
+    if (!t.typed && msg.text) conversation.bubble("user", msg.turn_id, msg.text);
+    awaiting = true;
+    hearing = false;
+  },
+  "response.text.delta"(msg) {
+    turn(msg.turn_id);
+    if (!cancelled.has(msg.turn_id)) conversation.appendText("assistant", msg.turn_id, msg.text);
+  },
+  "response.audio.clear"(msg) {
+    cancelled.add(msg.turn_id);
+    stopPlayback("server", msg.turn_id);
+  },
+  "response.done"(msg) {
+    turn(msg.turn_id);
+    conversation.finish(msg.turn_id, { text: msg.text, interrupted: msg.interrupted, spokenText: msg.spoken_text });
+    awaiting = false;
+  },
+  "turn.trace"(msg) {
+    turn(msg.turn_id).trace = msg;
+    renderTrace(msg.turn_id);
+  },
+  error(msg) {
+    stats.errors.push({ code: msg.code, message: msg.message, fatal: !!msg.fatal, at: performance.now() });
+    const code = String(msg.code || "");
+    if (/full|capacity|busy|too_many/i.test(code)) {
+      ui.showError("full", "Parley is busy: all conversation slots on the server are taken. We'll try again in a moment.");
+    } else if (/auth|token|origin/i.test(code)) {
+      ui.showError("auth", `The server refused this page (${msg.message}). Check the access token in the address.`);
+    } else {
+      ui.showError(msg.fatal ? "fatal" : "server", msg.message || `Server error: ${code}`);
+    }
+  },
+};
+
+conn.addEventListener("message", (ev) => {
+  const msg = ev.detail;
+  handlers[msg.type]?.(msg);
+  refreshState();
+});
+
+conn.addEventListener("audio", (ev) => {
+  const { turnId, pcm } = ev.detail;
+  if (cancelled.has(turnId)) return;
+  const t = turn(turnId);
+  if (!t.typed && t.voiceEndAt === null && !t.text) awaiting = false; // e.g. a greeting
+  player.push(turnId, pcm);
+});
+
+conn.addEventListener("status", (ev) => {
+  const { phase, delayMs } = ev.detail;
+  if (phase === "connecting") ui.setConnection("connecting", "Connecting…");
+  else ui.setConnection("waiting", `Reconnecting in ${Math.ceil(delayMs / 1000)} s`);
+});
+
+conn.addEventListener("message", (ev) => {
+  if (ev.detail.type !== "session.ready") return;
+  stats.connections.push({ at: performance.now(), sessionId: ev.detail.session_id });
+  ui.setConnection("up", "Connected");
+});
+
+conn.addEventListener("closed", (ev) => {
+  const { code, wasReady } = ev.detail;
+  hearing = false;
+  awaiting = false;
+  player.clear("disconnect");
+  stats.errors.push({ code: `close_${code}`, at: performance.now() });
+  if (code === CLOSE_TRY_AGAIN) {
+    ui.showError("full", "Parley is busy: all conversation slots on the server are taken. We'll try again in a moment.");
+  } else if ($("error").dataset.kind !== "full") {
+    ui.showError("gone", wasReady
+      ? "Lost the connection to the Parley server. It may be restarting; reconnecting by itself…"
+      : "Can't reach the Parley server. Is it running? Retrying by itself…");
+  }
+  refreshState();
+});
+
+// --- microphone ------------------------------------------------------------------------------
+
+function onMicFrame(frame) {
+  const now = performance.now();
+  stats.micRms = frame.rms;
+  if (conn.sendAudio(frame.pcm)) {
+    stats.framesSent += 1;
+    if (frame.voiced) {
+      stats.voicedFramesSent += 1;
+      lastVoicedAt = now;
+    }
+  }
+  // Client-side barge-in: the server's VAD would stop the reply too, but only after its own
+  // minimum speech time plus a round trip; stopping here keeps the stop under 300 ms.
+  if (frame.voiced) {
+    if (runStartAt === null) runStartAt = now - 20;
+    voicedRunMs += 20;
+    gapMs = 0;
+  } else {
+    gapMs += 20;
+    if (gapMs > GAP_RESET_MS) {
+      voicedRunMs = 0;
+      runStartAt = null;
+    }
+  }
+  const replyAudible = player.state.playing || player.state.buffered > 0;
+  if (voicedRunMs >= BARGE_IN_MS && replyAudible && player.state.turnId !== null && !cancelled.has(player.state.turnId)) {
+    const turnId = player.state.turnId;
+    cancelled.add(turnId);
+    stats.bargeIns.push({ turnId, speechAt: runStartAt, decidedAt: now, stoppedAt: null, stopMs: null });
+    conn.send(responseCancel());
+    stopPlayback("barge-in", turnId);
+  }
+}
+
+async function startTalking() {
+  if (mic || micStarting) return;
+  micStarting = true;
+  refreshState();
+  try {
+    if (conn.ready) await player.ensure(conn.ready.output_sample_rate);
+    mic = await startMic(onMicFrame);
+    ui.clearError("mic");
+  } catch (err) {
+    ui.showError("mic", err.message);
+    stats.errors.push({ code: `mic_${err.kind || "error"}`, message: err.message, at: performance.now() });
+  } finally {
+    micStarting = false;
+    refreshState();
+  }
+}
+
+function cancelReply() {
+  if (!(player.state.playing || player.state.buffered > 0)) return;
+  const turnId = player.state.turnId;
+  if (turnId !== null) cancelled.add(turnId);
+  conn.send(responseCancel());
+  stopPlayback("user", turnId);
+}
+
+async function stopTalking() {
+  cancelReply();
+  if (mic) {
+    const m = mic;
+    mic = null;
+    await m.stop();
+  }
+  refreshState();
+}
+
+// --- playback --------------------------------------------------------------------------------
+
+function stopPlayback(reason, turnId) {
+  stats.clears.push({ reason, turnId, requestedAt: performance.now(), stoppedAt: null });
+  player.clear(reason);
+}
+
+function sendMark(turnId, samples) {
+  if (turnId === null || turnId === undefined) return;
+  conn.send(playbackMark(turnId, player.samplesToMs(samples)));
+  lastMarkAt = performance.now();
+}
+
+player.addEventListener("started", (ev) => {
+  const { turnId, at } = ev.detail;
+  const t = turn(turnId);
+  if (t.firstPlayedAt === null) {
+    t.firstPlayedAt = at;
+    stats.firstPlayed[turnId] = at;
+    const from = t.typed ? t.typedAt : t.voiceEndAt;
+    if (from !== null && (t.typed || t.text)) {
+      t.micToEarMs = at - from;
+      stats.micToEar[turnId] = t.micToEarMs;
+      renderTrace(turnId);
+    }
+  }
+  awaiting = false;
+  sendMark(turnId, 0);
+  refreshState();
+});
+
+player.addEventListener("progress", (ev) => {
+  const d = ev.detail;
+  stats.playedSamples = d.totalPlayed;
+  stats.audibleSamples = d.audible;
+  stats.peak = d.peak;
+  stats.maxPeak = Math.max(stats.maxPeak, d.peak);
+  if (d.playing && d.at - lastMarkAt >= MARK_EVERY_MS) sendMark(d.turnId, d.turnPlayed);
+});
+
+for (const type of ["drained", "ended"]) {
+  player.addEventListener(type, (ev) => {
+    sendMark(ev.detail.turnId, ev.detail.playedSamples);
+    refreshState();
+  });
+}
+
+player.addEventListener("cleared", (ev) => {
+  const { at, turnId, playedSamples } = ev.detail;
+  for (const c of stats.clears) if (c.stoppedAt === null) c.stoppedAt = at;
+  for (const b of stats.bargeIns) {
+    if (b.stoppedAt === null) {
+      b.stoppedAt = at;
+      b.stopMs = at - b.speechAt;
+    }
+  }
+  sendMark(turnId, playedSamples);
+  refreshState();
+});
+
+function onAudioError(err) {
+  ui.showError("audio", `Sound output could not start (${err.message}). Click Start to try again.`);
+}
+
+// --- page controls ---------------------------------------------------------------------------
+
+$("start").addEventListener("click", startTalking);
+$("stop").addEventListener("click", stopTalking);
+
+$("persona").addEventListener("change", (ev) => conn.send(sessionUpdate({ persona: ev.target.value })));
+$("voice").addEventListener("change", (ev) => conn.send(sessionUpdate({ voice: ev.target.value })));
+
+$("typed").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const box = $("text");
+  const text = box.value.trim();
+  if (!text || !conn.isReady) return;
+  if (conn.ready) await player.ensure(conn.ready.output_sample_rate).catch(onAudioError);
+  pendingTyped = { text, at: performance.now() };
+  conn.send(inputText(text));
+  conversation.typed(text);
+  awaiting = true;
+  box.value = "";
+  refreshState();
+});
+
+document.addEventListener("keydown", (ev) => {
+  // Escape stops the reply from anywhere on the page, like the Stop button.
+  if (ev.key === "Escape") cancelReply();
+});
+
+setInterval(refreshState, 250); // the player's progress changes state without a message
+ui.setConnection("connecting", "Connecting…");
+refreshState();
+conn.start();
