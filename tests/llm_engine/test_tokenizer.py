@@ -1,0 +1,90 @@
+"""Tokenizer on the embedded SmolLM2: chat template, stop tokens, streaming detokenization, stop strings."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llm_engine.gguf_loader import prepare_gguf
+from llm_engine.tokenizer import ChatMessage, StopStringFilter, Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(smol_path) -> Tokenizer:
+    return Tokenizer.from_folder(prepare_gguf(smol_path))
+
+
+def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
+    d = tok.detokenizer()
+    deltas = [d.push(i) for i in ids]
+    return deltas + [d.flush()]
+
+
+def test_chat_template_places_persona_history_and_generation_prompt(tok):
+    msgs = [
+        ChatMessage("system", "You are Pat, a pirate."),
+        ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Ahoy!"),
+        ChatMessage("user", "Where to?"),
+    ]
+    text = tok.render_chat(msgs)
+    assert text == (
+        "<|im_start|>system\nYou are Pat, a pirate.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nAhoy!<|im_end|>\n<|im_start|>user\nWhere to?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = tok.apply_chat_template(msgs)
+    assert ids[0] == tok.hf.convert_tokens_to_ids("<|im_start|>")  # specials are single tokens, no extra bos
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tok.hf.convert_tokens_to_ids("<|im_end|>") in tok.stop_ids
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello,  world!  Two  spaces   and three.",
+        "Café, naïve, Zürich — “quotes” and ‘more’.",
+        "Emoji: 🎉🙂👍🏽 and a family 👨‍👩‍👧 done.",
+        "中文和日本語のテキスト, 한국어.",
+        "Line one\n\n  indented line\ttab\n",
+        " leading space and trailing ",
+    ],
+)
+def test_stream_deltas_concatenate_to_the_full_decode(tok, text):
+    ids = tok.encode(text)
+    deltas = stream(tok, ids)
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)  # never a broken character on the way
+
+
+def test_multibyte_character_is_held_until_complete(tok):
+    ids = tok.encode("🎉")
+    assert len(ids) > 1  # byte-level BPE splits it
+    deltas = stream(tok, ids)
+    assert deltas[:-2] == [""] * (len(ids) - 1) and "".join(deltas) == "🎉"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=list("ab  cé\n🙂中.,'"), max_size=40))
+def test_stream_is_lossless_for_any_text(tok, text):
+    ids = tok.encode(text)
+    assert "".join(stream(tok, ids)) == tok.decode(ids)
+
+
+def test_stop_string_split_across_deltas_is_cut_and_never_emitted():
+    f = StopStringFilter(["</s>", "User:"])
+    out = []
+    for piece in ["Hello", " Us", "e", "r and <", "/", "s> tail"]:
+        text, stopped = f.feed(piece)
+        out.append(text)
+        if stopped:
+            break
+    assert "".join(out) == "Hello User and "
+    assert stopped
+
+
+def test_stop_string_prefix_that_does_not_complete_is_released():
+    f = StopStringFilter(["User:"])
+    assert f.feed("Hi Us") == ("Hi ", False)
+    assert f.feed("ually") == ("Usually", False)
+    assert f.feed(" Use") == (" ", False)
+    assert f.flush() == "Use"
