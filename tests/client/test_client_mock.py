@@ -1,0 +1,169 @@
+"""DesktopClient against the scripted mock server with a fake sound card: turns, playback,
+barge-in, persona switch, reconnect, and the connection failures a user can hit."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from client_mock_server import MockState, port_of, start_mock
+from conftest import speechlike, wait_for
+from web.client.app import ClientOptions, DesktopClient
+from web.client.audio_io import ArrayAudioIO
+from web.client.connection import ConnectError, Connection, backoff_s, ws_url
+from web.client.tui import latency_table
+
+
+def make_client(port: int, **kw: object) -> tuple[DesktopClient, ArrayAudioIO]:
+    audio = ArrayAudioIO(input_rate=48000, output_rate=44100)  # device rates differ from the wire's
+    opts = ClientOptions(url=f"ws://127.0.0.1:{port}/ws", echo="off", **kw)  # type: ignore[arg-type]
+    return DesktopClient(opts, audio), audio
+
+
+async def started(client: DesktopClient) -> asyncio.Task[int]:
+    task = asyncio.create_task(client.run())
+    await wait_for(client.ready.is_set, what="session.ready")
+    return task
+
+
+async def finish(client: DesktopClient, task: asyncio.Task[int]) -> int:
+    client.stop()
+    return await asyncio.wait_for(task, 5)
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x ** 2))) if len(x) else 0.0
+
+
+def test_ws_url_forms() -> None:
+    assert ws_url("127.0.0.1:8000") == "ws://127.0.0.1:8000/ws"
+    assert ws_url("http://example.org:9000/") == "ws://example.org:9000/ws"
+    assert ws_url("https://example.org") == "wss://example.org/ws"
+    assert ws_url("ws://h:1/custom") == "ws://h:1/custom"
+    with pytest.raises(ValueError):
+        ws_url("ftp://h")
+    assert [backoff_s(i) for i in range(5)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+
+
+async def test_full_turn_plays_reply_marks_playback_and_fills_latency(mock: tuple[MockState, int]) -> None:
+    state, port = mock
+    client, audio = make_client(port, persona="concise")
+    task = await started(client)
+    assert state.starts[0]["persona"] == "concise" and state.starts[0]["sample_rate"] == 16000
+    audio.say(speechlike(0.8), 16000)
+    await wait_for(lambda: any(e["type"] == "turn.trace" for e in client.events), what="turn.trace")
+    await wait_for(lambda: client.jitter.status(1) is not None and client.jitter.status(1).finished, what="playback")
+    await asyncio.sleep(0.3)  # the last playback.mark goes out on the next tick
+    assert await finish(client, task) == 0
+
+    assert client.view.user_text == "hello" and client.view.reply.startswith("Hello there")
+    played = audio.played()
+    assert 1.9 < np.count_nonzero(np.abs(played) > 0.01) / 44100 < 2.1  # the 2.0 s tone, resampled to 44.1 kHz
+    assert 0.18 < rms(played[np.abs(played) > 0.01]) < 0.24  # 0.3 * sin -> rms 0.21
+    marks = [m for t, m in state.marks if t == 1]
+    assert marks == sorted(marks) and 1900 < marks[-1] <= 2001  # the server learns what was heard
+    row = client.latency.get(1)
+    assert row is not None and row.stages_ms["voice_to_voice"] == 862.0 and row.over_budget == ("voice_to_voice",)
+    assert row.mic_to_ear_ms is not None and 300 < row.mic_to_ear_ms < 3000  # 300 ms mock endpointing + transport
+    text = io.StringIO()
+    Console(file=text, width=200).print(latency_table(client.view.turns, client.view.budgets_ms))
+    table = text.getvalue()
+    assert "862" in table and "mic→ear" in table and "hello" in table and f"{row.mic_to_ear_ms:.0f}" in table
+
+
+async def test_barge_in_clear_stops_playback_at_once(mock: tuple[MockState, int]) -> None:
+    state, port = mock
+    state.reply_s = 6.0
+    client, audio = make_client(port)
+    task = await started(client)
+    audio.say(speechlike(0.6), 16000)
+    await wait_for(lambda: client.view.state == "speaking" and len(audio.played()) > 44100, what="reply audio")
+    await asyncio.sleep(0.5)
+    audio.say(speechlike(0.6, seed=9), 16000)  # the user talks over the reply
+    await wait_for(lambda: any(e["type"] == "response.audio.clear" for e in client.events), what="clear")
+    cleared_at = len(audio.played())
+    await asyncio.sleep(0.5)
+    after = audio.played()[cleared_at + 44100 // 50:]  # one 20 ms block may already be out
+    assert rms(after) < 0.01  # nothing of the 6 s reply plays after the clear
+    assert client.jitter.status(1).played_ms < 4000
+    done = [e for e in client.events if e["type"] == "response.done"]
+    assert done[0]["interrupted"] is True
+    await wait_for(lambda: client.latency.get(2) is not None, what="second turn")
+    assert await finish(client, task) == 0
+
+
+async def test_client_interrupt_sends_cancel_and_clears(mock: tuple[MockState, int]) -> None:
+    state, port = mock
+    state.reply_s = 5.0
+    client, audio = make_client(port)
+    task = await started(client)
+    await client.send_text("tell me something")
+    await wait_for(lambda: len(audio.played()) > 0 and client.jitter.playing(), what="reply")
+    await client.interrupt()
+    assert not client.jitter.playing()
+    await wait_for(lambda: state.cancels == 1, what="cancel at server")
+    assert state.texts == ["tell me something"]
+    assert await finish(client, task) == 0
+
+
+async def test_persona_switch_round_trip(mock: tuple[MockState, int]) -> None:
+    state, port = mock
+    client, _ = make_client(port)
+    task = await started(client)
+    assert client.view.persona == "assistant"
+    await client.next_persona()
+    await wait_for(lambda: client.view.persona == "concise", what="persona update")
+    await client.send_text("hi")
+    await wait_for(lambda: client.view.reply.startswith("[concise]"), what="reply in new persona")
+    assert state.updates == [{"type": "session.update", "persona": "concise"}]
+    assert await finish(client, task) == 0
+
+
+async def test_reconnects_after_server_restart_and_keeps_persona() -> None:
+    state = MockState()
+    server = await start_mock(state)
+    port = port_of(server)
+    client, audio = make_client(port, persona="storyteller")
+    task = await started(client)
+    server.close()
+    await server.wait_closed()
+    await wait_for(lambda: client.view.state == "reconnecting", what="reconnecting")
+    await asyncio.sleep(0.6)  # a restart takes a moment
+    server = await start_mock(state, port)
+    try:
+        await wait_for(lambda: client.connects == 2 and client.ready.is_set(), what="reconnect")
+        assert [s["persona"] for s in state.starts] == ["storyteller", "storyteller"]
+        audio.say(speechlike(0.6), 16000)
+        await wait_for(lambda: client.latency.get(1) is not None and client.view.reply != "", what="turn after restart")
+        assert await finish(client, task) == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_unreachable_server_is_one_clear_line() -> None:
+    conn = Connection("ws://127.0.0.1:9/ws", None, open_timeout_s=2)
+    with pytest.raises(ConnectError) as err:
+        await conn.open(None, None)
+    assert err.value.retry and "cannot reach a Parley server at ws://127.0.0.1:9/ws" in str(err.value)
+    client, _ = make_client(9)
+    assert await asyncio.wait_for(client.run(), 10) == 1  # first connect fails: no retry loop
+    assert "cannot reach" in client.view.notice
+
+
+async def test_wrong_token_is_rejected_without_retry() -> None:
+    state = MockState(token="sesame")
+    server = await start_mock(state)
+    try:
+        client, _ = make_client(port_of(server), token="wrong")
+        assert await asyncio.wait_for(client.run(), 10) == 1
+        assert "rejected the token (HTTP 401)" in client.view.notice and "--token" in client.view.notice
+        good, _ = make_client(port_of(server), token="sesame")
+        task = await started(good)
+        assert await finish(good, task) == 0
+    finally:
+        server.close()
+        await server.wait_closed()

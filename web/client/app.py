@@ -1,0 +1,302 @@
+"""The desktop client's conversation loop: microphone -> server, server -> speaker and view.
+
+Owns the asyncio tasks (mic sender, receiver, playback marks) and reconnects when the server goes
+away. Audio devices, echo handling, jitter buffer and view are injected; no flags, no terminal.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import soxr
+
+from web.client.audio_io import AudioIO
+from web.client.connection import Connection, ConnectError, ConnectionLost, ServerInfo, backoff_s
+from web.client.echo import EchoControl, EchoMode, make_echo_control
+from web.client.jitter import JitterBuffer
+from web.client.latency import LatencyBook, VoicedClock
+from web.client.tui import ClientView
+from web.protocol import InputText, PlaybackMark, ResponseCancel, SessionUpdate, unpack_audio
+
+SEND_RATE = 16000  # what we declare in session.start; the server's ASR rate, so it never resamples
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    url: str
+    token: str | None = None
+    persona: str | None = None
+    voice: str | None = None
+    push_to_talk: bool = False
+    echo: EchoMode | Literal["auto"] = "auto"
+    block_ms: int = 20
+    prebuffer_ms: float = 80.0
+    mark_interval_ms: float = 250.0
+    reconnect_for_s: float = 120.0  # give up when a lost server has not come back for this long
+
+
+@dataclass
+class _Mic:
+    queue: asyncio.Queue[tuple[np.ndarray, float]] = field(default_factory=lambda: asyncio.Queue(maxsize=100))
+    dropped: int = 0
+
+
+class DesktopClient:
+    def __init__(self, opts: ClientOptions, audio: AudioIO, view: ClientView | None = None,
+                 echo: EchoControl | None = None) -> None:
+        self.opts = opts
+        self.audio = audio
+        self.view = view or ClientView()
+        self.echo = echo or make_echo_control(opts.echo, opts.block_ms)
+        self.jitter = JitterBuffer(audio.output_rate, opts.prebuffer_ms)
+        self.latency = LatencyBook()
+        self.voiced = VoicedClock()
+        self.info: ServerInfo | None = None
+        self.persona = opts.persona
+        self.voice = opts.voice
+        self.talking = not opts.push_to_talk
+        self.connects = 0  # successful session starts, 1 + reconnects
+        self.events: list[dict[str, Any]] = []  # every server text message, for tests and debugging
+        self.ready = asyncio.Event()
+        self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE)
+        self._mic = _Mic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = asyncio.Event()
+        self._in_rs = soxr.ResampleStream(audio.input_rate, SEND_RATE, 1, dtype="float32")
+        self._echo_rs = soxr.ResampleStream(audio.output_rate, SEND_RATE, 1, dtype="float32")
+        self._turn_rs: dict[int, Any] = {}
+        self._reply_turn = -1
+        self._marked: dict[int, float] = {}
+        self.view.server = opts.url
+        self.view.echo_mode = self.echo.mode
+        self.view.push_to_talk = opts.push_to_talk
+
+    # ---- commands (from the keyboard or tests) ----
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def set_talking(self, on: bool) -> None:
+        """Push-to-talk: the microphone is sent only while on; starting to talk interrupts."""
+        self.talking = on
+        self.view.talking = on
+        if on and self.jitter.playing():
+            self._spawn(self.interrupt())
+
+    async def interrupt(self) -> None:
+        self.jitter.clear()
+        await self._send_quiet(ResponseCancel(type="response.cancel"))
+
+    async def set_persona(self, persona: str | None = None, voice: str | None = None) -> None:
+        self.persona = persona or self.persona
+        self.voice = voice or self.voice
+        await self._send_quiet(SessionUpdate(type="session.update", persona=persona, voice=voice))
+
+    async def next_persona(self) -> None:
+        if self.info and self.info.personas:
+            names = list(self.info.personas)
+            current = self.view.persona if self.view.persona in names else names[0]
+            await self.set_persona(names[(names.index(current) + 1) % len(names)])
+
+    async def send_text(self, text: str) -> None:
+        await self._send_quiet(InputText(type="input.text", text=text))
+
+    # ---- main loop ----
+    async def run(self) -> int:
+        """Connect, converse, reconnect; returns 0 on stop(), 1 when the server cannot be reached."""
+        self._loop = asyncio.get_running_loop()
+        self.audio.start(self._on_input, self._fill_output)
+        try:
+            return await self._sessions()
+        finally:
+            self.audio.stop()
+            await self._conn.close()
+            self.view.state = "closed"
+
+    async def _sessions(self) -> int:
+        lost_since: float | None = None
+        attempt = 0
+        while not self._stopping.is_set():
+            try:
+                self.info = await self._conn.open(self.persona, self.voice)
+            except ConnectError as exc:
+                self.view.notice = str(exc)
+                give_up = lost_since is None or time.monotonic() - lost_since > self.opts.reconnect_for_s
+                if not exc.retry or give_up:
+                    return 1
+                await self._sleep(backoff_s(attempt))
+                attempt += 1
+                continue
+            attempt, lost_since = 0, None
+            self.connects += 1
+            self._on_ready(self.info)
+            self.ready.set()
+            reason = await self._converse()
+            self.ready.clear()
+            self.jitter.clear()
+            if self._stopping.is_set():
+                break
+            self.view.state, self.view.notice = "reconnecting", f"connection lost ({reason}); reconnecting"
+            lost_since = time.monotonic()
+        return 0
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _converse(self) -> str:
+        """Run one session until it is lost or stop() is called; returns why it ended."""
+        tasks = [asyncio.create_task(c) for c in (self._send_mic(), self._receive(), self._mark_playback())]
+        stop = asyncio.create_task(self._stopping.wait())
+        done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+        for t in (*tasks, stop):
+            t.cancel()
+        await asyncio.gather(*tasks, stop, return_exceptions=True)
+        for t in done:
+            if t is not stop and not t.cancelled() and isinstance(t.exception(), ConnectionLost):
+                return str(t.exception()) or "closed"
+        if not self._stopping.is_set():
+            for t in done:
+                if t is not stop and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]  # a bug here must not become a reconnect loop
+        await self._conn.close()
+        return "stopped"
+
+    # ---- audio thread side ----
+    def _on_input(self, block: np.ndarray, capture_s: float) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._queue_mic, block, capture_s)
+
+    def _queue_mic(self, block: np.ndarray, capture_s: float) -> None:
+        try:
+            self._mic.queue.put_nowait((block, capture_s))
+        except asyncio.QueueFull:  # the loop fell behind: old audio is worth less than new
+            self._mic.queue.get_nowait()
+            self._mic.queue.put_nowait((block, capture_s))
+            self._mic.dropped += 1
+
+    def _fill_output(self, n: int) -> np.ndarray:
+        out = self.jitter.pull(n, time.perf_counter() + self.audio.output_latency_s)
+        self.echo.render(self._echo_rs.resample_chunk(out) if self.audio.output_rate != SEND_RATE else out)
+        return out
+
+    # ---- tasks ----
+    async def _send_mic(self) -> None:
+        while True:
+            block, capture_s = await self._mic.queue.get()
+            near = self._in_rs.resample_chunk(block) if self.audio.input_rate != SEND_RATE else block
+            cap = self.echo.capture(np.asarray(near, np.float32), self.jitter.playing())
+            if cap.barge_in:
+                await self.interrupt()
+            if not self.jitter.playing():
+                self.voiced.update(cap.audio[-len(near):], capture_s, SEND_RATE)
+            audio = cap.audio if self.talking else np.zeros_like(cap.audio)
+            pcm16 = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+            for i in range(0, len(pcm16), SEND_RATE * 2):  # at most 1 s a message
+                await self._conn.send_audio(pcm16[i:i + SEND_RATE * 2])
+
+    async def _receive(self) -> None:
+        while True:
+            raw = await self._conn.recv()
+            if isinstance(raw, bytes):
+                self._on_audio(raw)
+            else:
+                self._on_message(json.loads(raw))
+
+    async def _mark_playback(self) -> None:
+        """Tell the server how much of each turn was heard (its history keeps only that), and
+        stamp mic-to-ear when a turn's first sample reached the speaker."""
+        while True:
+            await asyncio.sleep(self.opts.mark_interval_ms / 1000)
+            for turn_id in list(self._turn_rs):
+                status = self.jitter.status(turn_id)
+                if status is None or status.started_at_s is None:
+                    if status is not None and status.finished:  # cleared before a sample was played
+                        del self._turn_rs[turn_id]
+                    continue
+                self.latency.on_playback_start(turn_id, status.started_at_s)
+                if self._marked.get(turn_id) != status.played_ms:
+                    self._marked[turn_id] = status.played_ms
+                    await self._conn.send_json(PlaybackMark(type="playback.mark", turn_id=turn_id,
+                                                            played_ms=round(status.played_ms, 1)))
+                if status.finished:
+                    del self._turn_rs[turn_id]
+            self.view.turns = self.latency.rows()
+            if self.view.state == "speaking" and not self.jitter.playing():
+                self.view.state = "idle"
+
+    async def _send_quiet(self, msg: Any) -> None:
+        """Commands while disconnected are dropped: the user sees 'reconnecting' and can repeat."""
+        try:
+            await self._conn.send_json(msg)
+        except ConnectionLost:
+            self.view.notice = "not connected; try again when reconnected"
+
+    def _spawn(self, coro: Any) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(coro))
+
+    # ---- server messages ----
+    def _on_ready(self, info: ServerInfo) -> None:
+        self.view.state, self.view.notice = "idle", ""
+        self.view.persona, self.view.voice = info.persona, info.voice
+        self.persona, self.voice = info.persona, info.voice
+
+    def _on_audio(self, data: bytes) -> None:
+        turn_id, seq, pcm16 = unpack_audio(data)
+        if self.info is None:
+            return
+        pcm = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        rs = self._turn_rs.get(turn_id)
+        if rs is None:
+            rs = self._turn_rs[turn_id] = soxr.ResampleStream(self.info.output_sample_rate, self.audio.output_rate,
+                                                               1, dtype="float32")
+        out = rs.resample_chunk(pcm) if self.info.output_sample_rate != self.audio.output_rate else pcm
+        if self.jitter.push(turn_id, seq, out):
+            self.view.state = "speaking"
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        self.events.append(msg)
+        kind, view = msg.get("type"), self.view
+        turn_id = int(msg.get("turn_id", -1))
+        if kind == "session.ready":
+            self.info = ServerInfo.from_ready(msg)
+            self._on_ready(self.info)
+        elif kind == "vad.speech_started":
+            view.state, view.partial = "listening", ""
+        elif kind == "vad.speech_ended":
+            self.latency.speech_ended(self.voiced.last_voiced_end_s)
+            view.state = "thinking"
+        elif kind == "transcript.partial":
+            view.partial = msg["text"]
+        elif kind == "transcript.final":
+            view.partial, view.user_text, view.state = "", msg["text"], "thinking"
+            self.latency.on_final(turn_id, msg["text"])
+        elif kind == "response.text.delta":
+            if turn_id != self._reply_turn:
+                self._reply_turn, view.reply = turn_id, ""
+            view.reply += msg["text"]
+        elif kind == "response.audio.clear":
+            self.jitter.clear(turn_id)
+        elif kind == "response.done":
+            self._flush_turn(turn_id)
+            view.reply = msg.get("spoken_text") if msg.get("interrupted") else msg.get("text", view.reply)
+            self.latency.on_done(turn_id, bool(msg.get("interrupted")))
+        elif kind == "turn.trace":
+            self.latency.on_trace(turn_id, msg.get("stages_ms", {}), msg.get("budgets_ms", {}),
+                                  msg.get("over_budget", []))
+            view.budgets_ms = dict(self.latency.budgets_ms)
+        elif kind == "error":
+            view.notice = f"server: {msg.get('message')} ({msg.get('code')})"
+        view.turns = self.latency.rows()
+
+    def _flush_turn(self, turn_id: int) -> None:
+        rs = self._turn_rs.get(turn_id)
+        if rs is not None and self.info is not None and self.info.output_sample_rate != self.audio.output_rate:
+            self.jitter.push(turn_id, 1 << 31, rs.resample_chunk(np.zeros(0, np.float32), last=True))
+        self.jitter.end_turn(turn_id)
