@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -15,6 +16,7 @@ from rich.text import Text
 from web.client.latency import TurnLatency
 
 STAGE_COLUMNS = ("endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice")
+SHORT = {"endpointing": "endpt", "llm_ttft": "ttft", "voice_to_voice": "v2v"}  # fits 80 columns
 
 
 @dataclass
@@ -43,13 +45,18 @@ def _ms(value: float | None, budget: float | None = None) -> Text:
 
 def latency_table(turns: list[TurnLatency], budgets_ms: dict[str, float], last: int = 8) -> Table:
     """One row per turn: the server's stages, mic-to-ear measured here, red where over budget."""
-    table = Table(title="latency per turn (ms)", title_justify="left", expand=False)
-    table.add_column("turn", justify="right")
-    table.add_column("you said", max_width=28, overflow="ellipsis", no_wrap=True)
+    table = Table(title="latency per turn (ms)", title_justify="left", expand=False, box=box.SIMPLE_HEAD,
+                  padding=(0, 1, 0, 0), pad_edge=False,
+                  caption="server stages; v2v = voice_to_voice; mic→ear measured by this client; red = over budget",
+                  caption_justify="left")
+    table.add_column("turn", justify="right", no_wrap=True)
+    table.add_column("you said", max_width=14, overflow="ellipsis", no_wrap=True)
     for stage in STAGE_COLUMNS:
         budget = budgets_ms.get(stage)
-        table.add_column(stage if budget is None else f"{stage}\n≤{budget:.0f}", justify="right")
-    table.add_column("mic→ear", justify="right")
+        name = SHORT.get(stage, stage)
+        table.add_column(name if budget is None else f"{name}\n≤{budget:.0f}", justify="right", no_wrap=True,
+                         min_width=max(len(name), 5))
+    table.add_column("mic→ear", justify="right", no_wrap=True, min_width=7)
     for row in turns[-last:]:
         label = f"{row.user_text}{' (interrupted)' if row.interrupted else ''}"
         cells = [_ms(row.stages_ms.get(s), budgets_ms.get(s)) for s in STAGE_COLUMNS]
