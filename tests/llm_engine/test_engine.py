@@ -1,0 +1,188 @@
+"""The threaded Engine on the embedded SmolLM2: cache reuse across turns, cancel, concurrency, slots, errors."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from llm_engine.engine import Engine
+from llm_engine.generation import fit_messages
+from llm_engine.kv_cache import common_prefix_len
+from llm_engine.request import ChatMessage, ErrorEvent, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = ChatMessage("system", "You are a friendly assistant. Answer briefly.")
+
+
+def ask(engine: Engine, session: str, msgs, max_new: int = 16, **sampling):
+    return engine.submit(GenerateRequest(session, tuple(msgs), SamplingParams(max_new_tokens=max_new, **sampling))).collect()
+
+
+@pytest.fixture
+def small_engine(smol_engine):
+    """A second engine on the same weights with few slots, to watch slots run out."""
+    engine = Engine(smol_engine.model, smol_engine.tokenizer, max_slots=2, max_seq_len=256)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_second_turn_reuses_cache_and_equals_a_fresh_full_prefill(smol_engine):
+    turn1 = [SYSTEM, ChatMessage("user", "Name a fruit.")]
+    ids1, text1, fin1 = ask(smol_engine, "reuse", turn1)
+    assert fin1.timings.reused_tokens == 0
+    # What the slot holds now: the prompt and every token fed back (a final sampled token never is).
+    cached = smol_engine.tokenizer.apply_chat_template(turn1) + (ids1 if fin1.reason == "stop" else ids1[:-1])
+    assert smol_engine.slots.slots[smol_engine.slots.slot_of("reuse")].tokens == cached
+
+    turn2 = turn1 + [ChatMessage("assistant", text1), ChatMessage("user", "And a vegetable?")]
+    full = smol_engine.tokenizer.apply_chat_template(turn2)
+    again, _, fin2 = ask(smol_engine, "reuse", turn2)
+    fresh, _, fin_fresh = ask(smol_engine, "fresh", turn2)
+
+    assert again == fresh and len(again) >= 3
+    reused = common_prefix_len(cached, full)
+    assert reused >= len(smol_engine.tokenizer.apply_chat_template(turn1)) - 3  # the whole first turn, bar the gen prompt
+    assert fin2.timings.reused_tokens == reused
+    assert fin2.timings.prefill_tokens == len(full) - reused  # only the new tokens went through the model
+    assert fin_fresh.timings.reused_tokens == 0 and fin_fresh.timings.prefill_tokens == len(full)
+    smol_engine.release("reuse")
+    smol_engine.release("fresh")
+
+
+def test_prefill_only_request_prepares_the_cache_for_the_real_one(smol_engine):
+    msgs = [SYSTEM, ChatMessage("user", "Tell me about the moon.")]
+    ids, _, fin = ask(smol_engine, "ahead", msgs, max_new=0)
+    assert ids == [] and fin.reason == "length" and fin.timings.prefill_tokens > 20
+    full = smol_engine.tokenizer.apply_chat_template(msgs)
+    ids, _, fin = ask(smol_engine, "ahead", msgs, max_new=8)
+    assert fin.timings.reused_tokens == len(full) - 1 and fin.timings.prefill_tokens == 1
+    assert ids == ask(smol_engine, "ahead-fresh", msgs, max_new=8)[0]
+    smol_engine.release("ahead")
+    smol_engine.release("ahead-fresh")
+
+
+def test_cancel_from_the_callback_stops_before_the_next_step_and_frees_the_slot(small_engine):
+    holder: dict = {}
+    seen: list = []
+
+    def on_event(ev):
+        seen.append((threading.current_thread().name, ev))
+        if isinstance(ev, TokenEvent) and sum(isinstance(e, TokenEvent) for _, e in seen) == 3:
+            holder["stream"].cancel()
+
+    msgs = [SYSTEM, ChatMessage("user", "Write a long story about a dragon.")]
+    holder["stream"] = small_engine.submit(GenerateRequest("c", tuple(msgs), SamplingParams(max_new_tokens=64)), on_event)
+    ids, _, fin = holder["stream"].collect()
+    assert len(ids) == 3 and fin.reason == "cancelled"
+    assert {name for name, _ in seen} == {"llm-engine"}  # callbacks run on the engine thread
+    slot = small_engine.slots.slot_of("c")
+    assert not small_engine.slots.slots[slot].busy
+    # The cache still holds what was computed, so the session keeps its prefix for the next turn.
+    assert len(small_engine.slots.slots[slot].tokens) == len(small_engine.tokenizer.apply_chat_template(msgs)) + 2
+
+
+def test_cancel_from_the_consumer_thread_allows_at_most_one_more_token(small_engine):
+    engine_count = [0]
+
+    def on_event(ev):
+        engine_count[0] += isinstance(ev, TokenEvent)
+
+    msgs = [SYSTEM, ChatMessage("user", "Count from one to fifty.")]
+    stream = small_engine.submit(GenerateRequest("c2", tuple(msgs), SamplingParams(max_new_tokens=64)), on_event)
+    got = 0
+    for ev in stream:
+        got += isinstance(ev, TokenEvent)
+        if got == 2:
+            produced_at_cancel = engine_count[0]
+            stream.cancel()
+        last = ev
+    assert last.reason == "cancelled"
+    assert engine_count[0] <= produced_at_cancel + 1
+    # Two other sessions now fit in the two slots: nothing is still held by the cancelled request.
+    assert ask(small_engine, "x", msgs, 2)[2].reason == "length"
+    assert ask(small_engine, "y", msgs, 2)[2].reason == "length"
+    assert small_engine.slots.slot_of("c2") is None  # evicted as least recently used
+
+
+def test_eight_threads_give_the_same_outputs_as_sequential_runs(smol_engine):
+    prompts = ["Name a color.", "Name an animal.", "Say hi.", "What is 2+2?", "Name a planet.", "Name a city.",
+               "Name a sport.", "Name a tree."]  # fmt: skip
+    msgs = {p: [SYSTEM, ChatMessage("user", p)] for p in prompts}
+    sequential = {p: ask(smol_engine, f"seq{i}", msgs[p], 12)[0] for i, p in enumerate(prompts)}
+    for i in range(8):
+        smol_engine.release(f"seq{i}")
+
+    results: dict = {}
+
+    def worker(i: int, p: str) -> None:
+        results[p] = ask(smol_engine, f"par{i}", msgs[p], 12)[0]
+
+    threads = [threading.Thread(target=worker, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == sequential
+    assert smol_engine.active_slots() >= 8
+    for i in range(8):
+        smol_engine.release(f"par{i}")
+    assert smol_engine.active_slots() == 0  # nothing leaked
+
+
+def test_more_sessions_than_slots_queue_and_evict(small_engine):
+    msgs = [SYSTEM, ChatMessage("user", "Name a bird.")]
+    streams = [small_engine.submit(GenerateRequest(f"s{i}", tuple(msgs), SamplingParams(max_new_tokens=4))) for i in range(5)]
+    outs = [s.collect() for s in streams]
+    assert all(o[2].reason in ("length", "stop") for o in outs)
+    assert len({tuple(o[0]) for o in outs}) == 1  # same prompt, same greedy tokens, whichever slot
+    assert small_engine.active_slots() == 2
+
+
+def test_same_seed_reproduces_sampled_reply(small_engine):
+    msgs = [SYSTEM, ChatMessage("user", "Tell me a joke.")]
+    kw = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1)
+    a = ask(small_engine, "r1", msgs, 12, seed=5, **kw)[0]
+    b = ask(small_engine, "r2", msgs, 12, seed=5, **kw)[0]
+    assert a == b and len(a) >= 3
+
+
+def test_errors_reach_the_caller_and_the_engine_lives_on(small_engine, monkeypatch):
+    msgs = [SYSTEM, ChatMessage("user", "Hello?")]
+    calls = {"n": 0}
+    real_forward = small_engine.model.forward
+
+    def broken(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(small_engine.model, "forward", broken)
+    events = list(small_engine.submit(GenerateRequest("e", tuple(msgs), SamplingParams(max_new_tokens=4))))
+    assert isinstance(events[-1], ErrorEvent) and "boom" in events[-1].message
+    ids, _, fin = ask(small_engine, "e", msgs, 4)
+    assert isinstance(fin, FinishEvent) and fin.timings.reused_tokens == 0  # the half-written cache was dropped
+    assert len(ids) == 4 or fin.reason == "stop"
+
+
+def test_long_conversation_keeps_the_system_prompt_and_recent_turns(small_engine):
+    history = [SYSTEM]
+    for i in range(12):
+        history += [ChatMessage("user", f"Fact number {i} is about the ocean and its waves."), ChatMessage("assistant", "Noted.")]
+    history.append(ChatMessage("user", "Thanks. Say ok."))
+    fitted = fit_messages(small_engine.tokenizer, history, 200)
+    assert fitted is not None
+    ids, kept = fitted
+    assert len(ids) <= 200 and kept[0] == SYSTEM and kept[-1] == history[-1]
+    assert kept[1].role == "user" and len(kept) < len(history)
+    assert list(kept[1:]) == history[len(history) - len(kept) + 1 :]  # a contiguous run of the latest turns
+    _, _, fin = ask(small_engine, "long", history, 8)
+    assert fin.reason in ("stop", "length") and fin.timings.prefill_tokens <= 256
+
+
+def test_prompt_that_cannot_fit_finishes_with_context(small_engine):
+    msgs = [SYSTEM, ChatMessage("user", "word " * 400)]
+    ids, _, fin = ask(small_engine, "huge", msgs, 8)
+    assert ids == [] and fin.reason == "context"
