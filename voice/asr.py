@@ -9,6 +9,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -193,7 +194,11 @@ class StreamingTranscriber:
             return None
         return self._agreement.committed
 
-    async def final(self) -> Transcript:
+    def final(self) -> Coroutine[Any, Any, Transcript]:
+        """Awaitable final of the audio appended so far. The audio is taken at the call, not when the
+        coroutine first runs, so `create_task(st.final())` fixes the utterance at SpeechPaused."""
+        return self._decode_final(self.audio())
+
+    async def _decode_final(self, audio: np.ndarray) -> Transcript:
         async with self._lock:
-            audio = self.audio()
             return await asyncio.to_thread(self._transcriber.transcribe, audio)

@@ -1,0 +1,148 @@
+"""Session orchestration on fakes: scripted timelines (speech at t, reply of n words) -> events, states, marks."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from fakes import PERSONAS, FakeEngine, FakeTranscriber, Harness, quiet, tone
+from voice.session import InputError
+from voice.trace import MARKS
+
+pytestmark = pytest.mark.timeout(60)
+
+VOICE_MARKS = [m for m in MARKS if m not in ("playback_start", "interrupted")]
+
+
+async def test_spoken_turn_sends_events_in_order_with_a_complete_trace() -> None:
+    async with Harness() as h:
+        await h.feed(quiet(200) + 0)
+        await h.feed(tone(600))
+        await h.feed(quiet(800))
+        trace = await h.wait_for("turn.trace")
+
+        assert h.types()[:5] == ["vad.speech_started", "vad.speech_ended", "transcript.final", "response.text.delta", "audio"] or \
+            h.types()[:6] == ["vad.speech_started", "transcript.partial", "vad.speech_ended", "transcript.final", "response.text.delta", "audio"]
+        assert h.types()[-2:] == ["response.done", "turn.trace"]
+        assert h.of("vad.speech_started")[0]["t_ms"] == 200.0
+        assert h.of("vad.speech_ended")[0]["t_ms"] == 800.0
+        assert h.of("transcript.final")[0]["text"] == "what is the weather like today"
+        done = h.of("response.done")[0]
+        assert done["text"] == "".join(d["text"] for d in h.of("response.text.delta"))
+        assert done["text"] == " ".join(h.engine.reply_words) and not done["interrupted"]
+        assert done["spoken_text"] == done["text"]
+        # every mark of a spoken turn, in causal order
+        marks = trace["marks_ms"]
+        assert list(marks) == VOICE_MARKS
+        order = ["speech_start", "speech_end", "endpoint", "llm_start", "llm_first_token", "first_phrase",
+                 "tts_first_audio", "first_audio_sent", "done"]  # fmt: skip
+        assert [marks[m] for m in order] == sorted(marks[m] for m in order)
+        stages = trace["stages_ms"]
+        assert stages["voice_to_voice"] == pytest.approx(marks["first_audio_sent"] - marks["speech_end"], abs=0.01)
+        assert set(stages) == {"endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"}
+        assert trace["budgets_ms"] == {"voice_to_voice": 1800.0, "asr": 300.0}
+        assert h.session.history == [("user", "what is the weather like today"), ("assistant", done["text"])]
+        assert h.session.state == "idle"
+        assert h.traces[0].turn_id == trace["turn_id"] == done["turn_id"]
+
+
+async def test_speech_end_is_the_arrival_of_the_message_holding_the_last_voiced_sample() -> None:
+    async with Harness() as h:
+        t0 = time.perf_counter_ns() - 5_000_000_000  # a client clock 5 s in the past, 1 ms of arrival per ms of audio
+        audio = tone(600).tolist() + quiet(700).tolist()
+        import numpy as np
+
+        samples = np.asarray(audio, dtype=np.float32)
+        for i in range(0, len(samples), 320):
+            h.session.push_audio(samples[i : i + 320], t0 + (i // 16) * 1_000_000)
+            await asyncio.sleep(0)
+        trace = await h.wait_for("turn.trace")
+        # the last voiced sample (599.9 ms) came in the message that started at 580 ms audio time
+        assert trace["marks_ms"]["speech_end"] - trace["marks_ms"]["speech_start"] == pytest.approx(580.0)
+
+
+async def test_reply_is_capped_at_the_personas_max_reply_tokens_and_switching_persona_changes_prompt_and_voice() -> None:
+    async with Harness() as h:
+        h.session.update(persona="concise")
+        assert (h.session.persona_name, h.session.voice_name) == ("concise", "kal")
+        h.session.text_input("hello")
+        await h.wait_for("response.done")
+        req = h.engine.requests[-1]
+        assert req.sampling.max_new_tokens == PERSONAS["concise"].max_reply_tokens == 3
+        assert req.messages[0].content == "Be brief."
+        assert h.of("response.done")[0]["text"] == " ".join(h.engine.reply_words[:3])
+        assert h.kal.calls and h.kal.calls[0][1:] == (1.25, "kal") and not h.tts.calls
+        # a typed turn has no speech marks but the LLM and TTS ones
+        trace = await h.wait_for("turn.trace")
+        assert "speech_end" not in trace["marks_ms"] and "voice_to_voice" not in trace["stages_ms"]
+        assert trace["persona"] == "concise" and trace["input"] == "text"
+        with pytest.raises(InputError) as err:
+            h.session.update(persona="pirate")
+        assert err.value.code == "unknown_persona"
+        h.session.update(voice="joe")
+        assert (h.session.persona_name, h.session.voice_name) == ("concise", "joe")
+
+
+async def test_greeting_is_spoken_first_and_enters_history_without_a_trace() -> None:
+    async with Harness(greet=True) as h:
+        done = await h.wait_for("response.done")
+        assert done["text"] == "Hello there." and not done["interrupted"]
+        assert h.types() == ["response.text.delta", "audio", "response.done"]
+        assert h.session.history == [("assistant", "Hello there.")]
+        assert not h.engine.requests and not h.of("turn.trace")
+
+
+async def test_ahead_of_endpoint_recognition_and_prefill_are_reused() -> None:
+    async with Harness() as h:
+        await h.feed(tone(600))
+        await h.feed(quiet(700), pause_s=0.005)
+        trace = await h.wait_for("turn.trace")
+        prefill, real = h.engine.requests
+        assert prefill.sampling.max_new_tokens == 0 and real.sampling.max_new_tokens == 50
+        assert prefill.messages == real.messages
+        assert trace["llm"]["reused_tokens"] == len(prefill.messages) + sum(len(m.content.split()) for m in prefill.messages)
+        assert trace["llm"]["prefill_tokens"] == 0
+        assert trace["stages_ms"]["asr"] <= 0  # recognition finished before the endpoint
+        assert trace["ahead"]["asr_ms"] > 0 and trace["ahead"]["discarded"] == 0
+        assert trace["ahead"]["saved_ms"] == pytest.approx(trace["ahead"]["asr_ms"] + trace["ahead"]["prefill_ms"], abs=0.01)
+        assert len(h.transcriber.calls_ms) >= 1 and len(h.of("transcript.final")) == 1
+
+
+async def test_speech_resuming_in_the_hangover_discards_the_ahead_work() -> None:
+    transcriber = FakeTranscriber(delay_s=0.0)
+    async with Harness(transcriber=transcriber) as h:
+        await h.feed(tone(400))
+        await h.feed(quiet(300), pause_s=0.01)  # shorter than the 500 ms hangover: same turn
+        await h.feed(tone(400))
+        await h.feed(quiet(700), pause_s=0.005)
+        trace = await h.wait_for("turn.trace")
+        assert len(h.of("vad.speech_started")) == 1 and len(h.of("transcript.final")) == 1
+        assert trace["ahead"]["discarded"] == 1
+        # the final decode that was used covers both stretches of speech
+        assert max(transcriber.calls_ms) >= 1100.0
+        assert h.engine.requests[-1].sampling.max_new_tokens == 50
+
+
+async def test_empty_transcript_makes_no_reply() -> None:
+    async with Harness(transcriber=FakeTranscriber(text="")) as h:
+        await h.feed(tone(400))
+        await h.feed(quiet(700))
+        final = await h.wait_for("transcript.final")
+        await asyncio.sleep(0.1)
+        assert final["text"] == ""
+        assert not h.of("response.done") and h.session.history == []
+        assert all(r.sampling.max_new_tokens == 0 for r in h.engine.requests)
+
+
+async def test_engine_error_fails_the_reply_not_the_session() -> None:
+    async with Harness(engine=FakeEngine(error="boom")) as h:
+        h.session.text_input("hello")
+        err = await h.wait_for("error")
+        done = await h.wait_for("response.done")
+        assert err["code"] == "reply_failed" and "boom" in err["message"] and not err["fatal"]
+        assert done["interrupted"] and done["spoken_text"] == ""
+        h.engine.error = None
+        h.session.text_input("hello again")
+        second = await h.wait_for("response.done", 2)
+        assert not second["interrupted"] and second["text"]
