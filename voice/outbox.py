@@ -1,0 +1,85 @@
+"""A session's outgoing messages, drained by the socket writer.
+
+Audio is bounded (a slow client back-pressures the TTS, memory never grows without bound); control messages
+never wait behind audio, and `clear(turn_id)` drops that turn's queued audio at once. Knows nothing of the wire
+format beyond "a dict with a type" and "PCM16 bytes of a turn".
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OutJson:
+    body: dict[str, Any]  # includes "type"
+
+
+@dataclass(frozen=True)
+class OutAudio:
+    turn_id: int
+    seq: int
+    pcm16: bytes
+    on_sent: Callable[[], None] | None = None  # called by the writer right after the socket write
+
+
+Outgoing = OutJson | OutAudio
+
+
+class Outbox:
+    def __init__(self, max_audio_items: int = 64) -> None:
+        self._items: deque[Outgoing] = deque()
+        self._ready = asyncio.Event()
+        self._audio_room = asyncio.Semaphore(max_audio_items)
+        self._cleared: set[int] = set()
+        self._seq: dict[int, int] = {}
+        self.closed = False
+
+    def send(self, kind: str, **fields: Any) -> None:
+        """Queue a JSON message; never blocks (control messages are small and few)."""
+        self._items.append(OutJson({"type": kind, **fields}))
+        self._ready.set()
+
+    async def send_audio(self, turn_id: int, pcm16: bytes, on_sent: Callable[[], None] | None = None) -> None:
+        """Queue one audio chunk of a turn; waits while the client is behind."""
+        if turn_id in self._cleared:
+            return
+        await self._audio_room.acquire()
+        if turn_id in self._cleared:  # cleared while we waited for room
+            self._audio_room.release()
+            return
+        seq = self._seq.get(turn_id, 0)
+        self._seq[turn_id] = seq + 1
+        self._items.append(OutAudio(turn_id, seq, pcm16, on_sent))
+        self._ready.set()
+
+    def clear(self, turn_id: int) -> None:
+        """Drop the turn's queued audio, ignore its later audio, and send `response.audio.clear` first in line."""
+        self._cleared.add(turn_id)
+        kept: deque[Outgoing] = deque()
+        for item in self._items:
+            if isinstance(item, OutAudio) and item.turn_id == turn_id:
+                self._audio_room.release()
+            else:
+                kept.append(item)
+        kept.appendleft(OutJson({"type": "response.audio.clear", "turn_id": turn_id}))
+        self._items = kept
+        self._ready.set()
+
+    def is_cleared(self, turn_id: int) -> bool:
+        return turn_id in self._cleared
+
+    async def get(self) -> Outgoing:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._items.popleft()
+        if isinstance(item, OutAudio):
+            self._audio_room.release()
+        return item
+
+    def pending(self) -> int:
+        return len(self._items)

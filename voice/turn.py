@@ -1,0 +1,220 @@
+"""One spoken reply: text deltas -> phrases -> TTS audio (worker thread) -> the session outbox, paced.
+
+Also the bookkeeping barge-in needs: which phrase covers which stretch of the reply's audio, so a played
+duration maps back to the words actually heard. Knows nothing of the LLM, VAD or the wire.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from voice.audio import float_to_pcm16, resample
+from voice.chunker import PhraseChunker
+from voice.outbox import Outbox
+from voice.trace import TurnTrace
+
+AUDIO_PIECE_MS = 100.0  # audio message size: small enough that a clear drops little, large enough to be cheap
+
+
+class Tts(Protocol):
+    sample_rate: int
+
+    def synthesize(self, text: str, *, rate: float = 1.0, voice: str | None = None) -> Iterator[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class VoiceBinding:
+    """A configured voice: the backend object (one per backend, shared) and the speaker it is asked for."""
+
+    tts: Tts
+    speaker: str | None = None
+
+
+@dataclass(frozen=True)
+class PersonaSpec:
+    name: str
+    system_prompt: str
+    voice: str
+    greeting: str | None = None
+    speaking_rate: float = 1.0
+    max_reply_tokens: int = 120
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class PhraseSpan:
+    text: str
+    start_ms: float  # audio time within the reply where this phrase starts
+    end_ms: float
+
+
+def spoken_text(spans: list[PhraseSpan], played_ms: float) -> str:
+    """The words whose audio lies within the first `played_ms` of the reply (a phrase cut mid-way keeps the
+    share of its words proportional to the share of its audio played)."""
+    words: list[str] = []
+    for span in spans:
+        if played_ms >= span.end_ms:
+            words.extend(span.text.split())
+            continue
+        if played_ms > span.start_ms and span.end_ms > span.start_ms:
+            phrase_words = span.text.split()
+            share = (played_ms - span.start_ms) / (span.end_ms - span.start_ms)
+            words.extend(phrase_words[: int(share * len(phrase_words))])
+        break
+    return " ".join(words)
+
+
+class WorkCounter:
+    """Counts TTS syntheses running in worker threads (the no-leak tests read it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def __enter__(self) -> "WorkCounter":
+        with self._lock:
+            self._n += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._n -= 1
+
+    @property
+    def active(self) -> int:
+        return self._n
+
+
+_END = object()
+
+
+@dataclass
+class Reply:
+    turn_id: int
+    outbox: Outbox
+    voice: VoiceBinding
+    speaking_rate: float
+    output_sample_rate: int
+    trace: TurnTrace | None
+    tts_work: WorkCounter
+    audio_lead_ms: float = 1000.0  # how far audio may run ahead of real-time playback (bounds what a clear drops)
+    text: str = ""
+    spans: list[PhraseSpan] = field(default_factory=list)
+    queued_ms: float = 0.0  # reply audio handed to the outbox
+    sent_ms: float = 0.0  # reply audio written to the socket
+    _first_sent_s: float | None = None
+
+    async def run(self, deltas: AsyncIterator[str]) -> None:
+        """Speak everything `deltas` yields. Cancelling stops generation, synthesis and queued audio."""
+        phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._write_text(deltas, phrases))
+            tg.create_task(self._speak(phrases))
+
+    async def _write_text(self, deltas: AsyncIterator[str], phrases: asyncio.Queue[str | None]) -> None:
+        chunker = PhraseChunker()
+        try:
+            async for delta in deltas:
+                if not delta:
+                    continue
+                self.text += delta
+                self.outbox.send("response.text.delta", turn_id=self.turn_id, text=delta)
+                for phrase in chunker.push(delta):
+                    self._phrase(phrase, phrases)
+            for phrase in chunker.flush():
+                self._phrase(phrase, phrases)
+        finally:
+            phrases.put_nowait(None)
+
+    def _phrase(self, phrase: str, phrases: asyncio.Queue[str | None]) -> None:
+        if self.trace is not None:
+            self.trace.mark("first_phrase")
+        phrases.put_nowait(phrase)
+
+    async def _speak(self, phrases: asyncio.Queue[str | None]) -> None:
+        while (phrase := await phrases.get()) is not None:
+            start_ms = self.spans[-1].end_ms if self.spans else 0.0
+            self.spans.append(PhraseSpan(phrase, start_ms, start_ms))
+            async for chunk in self._synthesize(phrase):
+                # the span grows as its audio is known, so a barge-in mid-phrase maps to the right words
+                last = self.spans[-1]
+                self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms + 1000.0 * len(chunk) / self.output_sample_rate)
+                await self._send_audio(chunk)
+
+    async def _synthesize(self, phrase: str) -> AsyncIterator[np.ndarray]:
+        """Run the TTS generator in a worker thread; chunks come back through the loop. Leaving early sets
+        `stop`, which the worker checks between chunks before closing the generator."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[object] = asyncio.Queue()
+        stop = threading.Event()
+        tts, rate = self.voice.tts, self.speaking_rate
+
+        def put(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(chunks.put_nowait, item)
+            except RuntimeError:  # the loop closed under us: the session is gone
+                pass
+
+        def work() -> None:
+            with self.tts_work:
+                gen = tts.synthesize(phrase, rate=rate, voice=self.voice.speaker)
+                try:
+                    for chunk in gen:
+                        if stop.is_set():
+                            break
+                        put(chunk)
+                except Exception as exc:  # handed to the loop, re-raised there: the reply fails, the session lives
+                    put(exc)
+                finally:
+                    gen.close()
+                    put(_END)
+
+        worker = threading.Thread(target=work, name=f"tts-turn{self.turn_id}", daemon=True)
+        worker.start()
+        try:
+            while (item := await chunks.get()) is not _END:
+                if isinstance(item, Exception):
+                    raise item
+                assert isinstance(item, np.ndarray)
+                if self.trace is not None:
+                    self.trace.mark("tts_first_audio")
+                yield resample(item, tts.sample_rate, self.output_sample_rate)
+        finally:
+            stop.set()
+
+    async def _send_audio(self, audio: np.ndarray) -> None:
+        piece = max(1, int(self.output_sample_rate * AUDIO_PIECE_MS / 1000))
+        for i in range(0, len(audio), piece):
+            part = audio[i : i + piece]
+            await self._pace()
+            part_ms = 1000.0 * len(part) / self.output_sample_rate
+            self.queued_ms += part_ms
+            await self.outbox.send_audio(self.turn_id, float_to_pcm16(part), self._on_sent(part_ms))
+
+    async def _pace(self) -> None:
+        """Keep at most `audio_lead_ms` of audio ahead of where playback (started at first send) can be."""
+        if self._first_sent_s is None:
+            return
+        ahead_ms = self.queued_ms - 1000.0 * (time.monotonic() - self._first_sent_s)
+        if ahead_ms > self.audio_lead_ms:
+            await asyncio.sleep((ahead_ms - self.audio_lead_ms) / 1000.0)
+
+    def _on_sent(self, part_ms: float) -> Callable[[], None]:
+        def sent() -> None:
+            if self._first_sent_s is None:
+                self._first_sent_s = time.monotonic()
+                if self.trace is not None:
+                    self.trace.mark("first_audio_sent")
+            self.sent_ms += part_ms
+
+        return sent
+
+    def spoken(self, played_ms: float | None) -> str:
+        """What the listener heard: by the client's playback mark, else by the audio written to the socket."""
+        return spoken_text(self.spans, self.sent_ms if played_ms is None else played_ms)

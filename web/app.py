@@ -1,0 +1,138 @@
+"""The FastAPI application: lifespan loads and warms every model once; routes /ws, /healthz, /api/personas,
+/api/traces, /metrics and the browser client's static files. Knows config and runtime, not session internals.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+
+from voice.session import Session, SessionSettings, Stages
+from voice.turn import PersonaSpec
+from web import runtime as rt
+from web.config import AppConfig
+from web.metrics import Metrics
+from web.ws import handle
+
+log = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+# coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
+_SESSION_CODE = ("Session.", "Reply.", "Connection.", "LlmBridge.")
+
+
+@dataclass
+class AppState:
+    cfg: AppConfig
+    metrics: Metrics
+    settings: SessionSettings
+    personas: dict[str, PersonaSpec]
+    runtime: rt.Runtime | None = None
+    sessions: dict[str, Session] = field(default_factory=dict)
+    connections: int = 0
+
+    @property
+    def stages(self) -> Stages:
+        assert self.runtime is not None, "models are not loaded"
+        return self.runtime.stages
+
+
+def _session_tasks() -> int:
+    n = 0
+    for task in asyncio.all_tasks():
+        name = getattr(task.get_coro(), "__qualname__", "")
+        if name.startswith(_SESSION_CODE):
+            n += 1
+    return n
+
+
+def create_app(
+    cfg: AppConfig,
+    *,
+    runtime: rt.Runtime | None = None,
+    load: Callable[[AppConfig], rt.Runtime] | None = None,
+    settings: SessionSettings | None = None,
+) -> FastAPI:
+    """`runtime`: stages already loaded (serve() loads before binding); else `load(cfg)` (default: the real
+    models, warmed) runs in the lifespan, off the event loop."""
+    state = AppState(
+        cfg=cfg,
+        metrics=Metrics(cfg.server.trace_log),
+        settings=settings or rt.session_settings(cfg),
+        personas=rt.personas(cfg),
+        runtime=runtime,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if state.runtime is None:
+            state.runtime = await asyncio.to_thread(load or _load_and_warm, cfg)
+        try:
+            yield
+        finally:
+            for session in list(state.sessions.values()):
+                await session.close()
+            state.runtime.close()
+
+    app = FastAPI(title="Parley", lifespan=lifespan)
+    app.state.parley = state
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        loaded = state.runtime is not None
+        body: dict[str, Any] = {
+            "status": "ok" if loaded else "loading",
+            "models_loaded": loaded,
+            "sessions": len(state.sessions),
+            "session_tasks": _session_tasks(),
+        }
+        if state.runtime is not None:
+            body["engine_slots"] = state.runtime.stages.llm.active_slots()
+            body["tts_active"] = state.runtime.stages.tts_work.active
+            body["load_s"] = {k: round(v, 2) for k, v in state.runtime.load_s.items()}
+        return JSONResponse(body, status_code=200 if loaded else 503)
+
+    @app.get("/api/personas")
+    async def personas() -> dict[str, Any]:
+        return {
+            "default": cfg.default_persona,
+            "personas": [
+                {"name": p.name, "display_name": p.display_name, "voice": p.voice, "speaking_rate": p.speaking_rate,
+                 "greeting": p.greeting, "max_reply_tokens": p.max_reply_tokens}
+                for p in cfg.persona_defs.values()
+            ],  # fmt: skip
+            "voices": [{"name": n, "backend": v.backend, "description": v.description} for n, v in cfg.voices.items()],
+        }
+
+    @app.get("/api/traces")
+    async def traces(limit: int = 50) -> dict[str, Any]:
+        return {"traces": state.metrics.traces(max(1, min(limit, 500)))}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        gauges: dict[str, float] = {}
+        if state.runtime is not None:
+            gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
+            gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
+        return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+    @app.websocket("/ws")
+    async def ws_endpoint(ws: WebSocket) -> None:
+        await handle(ws, state)
+
+    if STATIC_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
+    return app
+
+
+def _load_and_warm(cfg: AppConfig) -> rt.Runtime:
+    runtime = rt.load(cfg)
+    rt.warm(runtime)
+    return runtime

@@ -1,0 +1,119 @@
+"""Server-wide counters for /metrics (Prometheus text exposition 0.0.4), /api/traces and the trace log.
+
+Written by hand (a few counters and histograms do not need a client library). Knows traces as dicts only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+from web.config import TRACE_STAGES
+
+log = logging.getLogger(__name__)
+
+BUCKETS_MS = (25, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000)
+
+
+class Histogram:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS_MS) + 1)  # last: +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(BUCKETS_MS):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.sum += value
+        self.count += 1
+
+
+class Metrics:
+    def __init__(self, trace_log: str | Path | None = None, keep_traces: int = 200) -> None:
+        self._lock = threading.Lock()
+        self.trace_log = Path(trace_log) if trace_log else None
+        self.turns: Counter[str] = Counter()  # outcome -> count
+        self.errors: Counter[str] = Counter()  # code -> count
+        self.over_budget: Counter[str] = Counter()  # stage -> count
+        self.stages = {stage: Histogram() for stage in TRACE_STAGES}
+        self.active_sessions = 0
+        self.sessions_total = 0
+        self.recent: deque[dict[str, Any]] = deque(maxlen=keep_traces)
+
+    def session_opened(self) -> None:
+        with self._lock:
+            self.active_sessions += 1
+            self.sessions_total += 1
+
+    def session_closed(self) -> None:
+        with self._lock:
+            self.active_sessions -= 1
+
+    def error(self, code: str) -> None:
+        with self._lock:
+            self.errors[code] += 1
+
+    def record_trace(self, trace: dict[str, Any]) -> None:
+        """A finished turn: counters, histograms, recent list, and one JSON line in the trace log."""
+        with self._lock:
+            self.turns["interrupted" if "interrupted" in trace["marks_ms"] else "done"] += 1
+            for stage, value in trace["stages_ms"].items():
+                if stage in self.stages:
+                    self.stages[stage].observe(float(value))
+            for stage in trace["over_budget"]:
+                self.over_budget[stage] += 1
+            self.recent.append(trace)
+        if trace["over_budget"]:
+            log.info("turn %s over budget: %s", trace["turn_id"], ", ".join(trace["over_budget"]))
+        if self.trace_log is not None:
+            try:
+                with self.trace_log.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(trace, separators=(",", ":")) + "\n")
+            except OSError as exc:  # a full disk must not end the conversation; the trace is still in /metrics
+                log.warning("cannot append to trace log %s: %s", self.trace_log, exc)
+
+    def traces(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.recent)[-limit:]
+
+    def render(self, extra_gauges: dict[str, float] | None = None) -> str:
+        lines: list[str] = []
+
+        def head(name: str, kind: str, help_text: str) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+
+        with self._lock:
+            head("parley_turns_total", "counter", "Finished user turns by outcome.")
+            for outcome in ("done", "interrupted"):
+                lines.append(f'parley_turns_total{{outcome="{outcome}"}} {self.turns[outcome]}')
+            head("parley_stage_latency_ms", "histogram", "Per-turn stage latency in milliseconds (DESIGN.md section 4).")
+            for stage, h in self.stages.items():
+                cumulative = 0
+                for bound, n in zip(BUCKETS_MS, h.counts):
+                    cumulative += n
+                    lines.append(f'parley_stage_latency_ms_bucket{{stage="{stage}",le="{bound}"}} {cumulative}')
+                lines.append(f'parley_stage_latency_ms_bucket{{stage="{stage}",le="+Inf"}} {h.count}')
+                lines.append(f'parley_stage_latency_ms_sum{{stage="{stage}"}} {h.sum:.3f}')
+                lines.append(f'parley_stage_latency_ms_count{{stage="{stage}"}} {h.count}')
+            head("parley_over_budget_total", "counter", "Turns whose stage went over its budget.")
+            for stage in TRACE_STAGES:
+                lines.append(f'parley_over_budget_total{{stage="{stage}"}} {self.over_budget[stage]}')
+            head("parley_active_sessions", "gauge", "Open WebSocket sessions.")
+            lines.append(f"parley_active_sessions {self.active_sessions}")
+            head("parley_sessions_total", "counter", "Sessions started since the server started.")
+            lines.append(f"parley_sessions_total {self.sessions_total}")
+            head("parley_errors_total", "counter", "Error messages sent to clients, by code.")
+            for code in sorted(self.errors):
+                lines.append(f'parley_errors_total{{code="{code}"}} {self.errors[code]}')
+        for name, value in (extra_gauges or {}).items():
+            head(name, "gauge", name.replace("_", " ") + ".")
+            lines.append(f"{name} {value}")
+        return "\n".join(lines) + "\n"

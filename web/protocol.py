@@ -1,0 +1,161 @@
+"""Wire protocol v1 (DESIGN.md section 3): validated client messages, server message encoding, audio header.
+
+Pure: turns bytes/str into typed messages or a ProtocolError carrying an error code; knows no sockets or sessions.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+AUDIO_HEADER = struct.Struct("<II")  # turn_id uint32 LE, seq uint32 LE
+SUPPORTED_INPUT_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+MAX_AUDIO_MESSAGE_S = 1.0
+MAX_TEXT_CHARS = 2000
+
+# Close codes (RFC 6455 plus the registered 1013).
+CLOSE_NORMAL = 1000
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN = 1013
+CLOSE_INTERNAL = 1011
+
+
+class ProtocolError(Exception):
+    """Bad client input: `code` goes into the `error` message; `fatal` ends the session."""
+
+    def __init__(self, code: str, message: str, *, fatal: bool = False, close_code: int = CLOSE_POLICY) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+        self.close_code = close_code
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionStart(_Msg):
+    type: Literal["session.start"]
+    protocol: int
+    sample_rate: int = 16000
+    persona: str | None = None
+    voice: str | None = None
+
+
+class InputText(_Msg):
+    type: Literal["input.text"]
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+
+
+class ResponseCancel(_Msg):
+    type: Literal["response.cancel"]
+
+
+class PlaybackMark(_Msg):
+    type: Literal["playback.mark"]
+    turn_id: int = Field(ge=0)
+    played_ms: float = Field(ge=0)
+
+
+class SessionUpdate(_Msg):
+    type: Literal["session.update"]
+    persona: str | None = None
+    voice: str | None = None
+
+
+ClientMessage = Annotated[
+    Union[SessionStart, InputText, ResponseCancel, PlaybackMark, SessionUpdate], Field(discriminator="type")
+]
+_CLIENT = TypeAdapter(ClientMessage)
+CLIENT_TYPES = ("session.start", "input.text", "response.cancel", "playback.mark", "session.update")
+
+# Server -> client: the fields each type must carry (checked in encode so a typo cannot reach a client).
+SERVER_FIELDS: dict[str, tuple[str, ...]] = {
+    "session.ready": ("session_id", "protocol", "input_sample_rate", "output_sample_rate", "persona", "voice", "personas", "voices"),
+    "session.updated": ("persona", "voice"),
+    "vad.speech_started": ("t_ms",),
+    "vad.speech_ended": ("t_ms",),
+    "transcript.partial": ("turn_id", "text"),
+    "transcript.final": ("turn_id", "text"),
+    "response.text.delta": ("turn_id", "text"),
+    "response.audio.clear": ("turn_id",),
+    "response.done": ("turn_id", "text", "interrupted", "spoken_text"),
+    "turn.trace": ("turn_id", "marks_ms", "stages_ms", "budgets_ms", "over_budget"),
+    "error": ("code", "message", "fatal"),
+}
+
+
+def parse_text(raw: str) -> ClientMessage:
+    """One client text message -> a typed message; ProtocolError(bad_json | unknown_type | invalid_message)."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        raise ProtocolError("bad_json", "message is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("bad_json", "message must be a JSON object")
+    kind = data.get("type")
+    if kind not in CLIENT_TYPES:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r} (known: {', '.join(CLIENT_TYPES)})")
+    try:
+        msg = _CLIENT.validate_python(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"][1:]) or "(message)"
+        raise ProtocolError("invalid_message", f"{kind}: {where}: {e['msg']}") from None
+    if isinstance(msg, SessionStart):
+        check_start(msg)
+    return msg
+
+
+def check_start(msg: SessionStart) -> None:
+    if msg.protocol != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad_protocol_version",
+            f"protocol {msg.protocol} is not supported; this server speaks protocol {PROTOCOL_VERSION}",
+            fatal=True,
+            close_code=CLOSE_PROTOCOL_ERROR,
+        )
+    if msg.sample_rate not in SUPPORTED_INPUT_RATES:
+        raise ProtocolError("bad_sample_rate", f"sample_rate must be one of {SUPPORTED_INPUT_RATES}, got {msg.sample_rate}")
+
+
+def check_audio(data: bytes, sample_rate: int) -> None:
+    """A client audio message: PCM16LE mono, even length, at most 1 s."""
+    if len(data) % 2:
+        raise ProtocolError("bad_audio", f"audio message has odd length {len(data)}; PCM16 needs 2 bytes a sample")
+    max_bytes = int(sample_rate * MAX_AUDIO_MESSAGE_S) * 2
+    if len(data) > max_bytes:
+        raise ProtocolError(
+            "audio_too_long", f"audio message holds {len(data) // 2} samples; at most {max_bytes // 2} (1 s) per message"
+        )
+
+
+def encode(kind: str, **fields: Any) -> str:
+    """A server message as JSON text; raises KeyError naming a missing field (a server bug, not client input)."""
+    required = SERVER_FIELDS[kind]
+    missing = [f for f in required if f not in fields]
+    if missing:
+        raise KeyError(f"{kind}: missing {missing}")
+    return json.dumps({"type": kind, **fields}, separators=(",", ":"))
+
+
+def error_message(code: str, message: str, fatal: bool = False) -> str:
+    return encode("error", code=code, message=message, fatal=fatal)
+
+
+def pack_audio(turn_id: int, seq: int, pcm16: bytes) -> bytes:
+    return AUDIO_HEADER.pack(turn_id & 0xFFFFFFFF, seq & 0xFFFFFFFF) + pcm16
+
+
+def unpack_audio(data: bytes) -> tuple[int, int, bytes]:
+    """Server audio message -> (turn_id, seq, pcm16 bytes); for clients and tests."""
+    if len(data) < AUDIO_HEADER.size:
+        raise ValueError(f"audio message shorter than its {AUDIO_HEADER.size}-byte header")
+    turn_id, seq = AUDIO_HEADER.unpack_from(data)
+    return turn_id, seq, data[AUDIO_HEADER.size :]

@@ -1,0 +1,156 @@
+"""Builds the stage objects once from the config (VAD factory, recogniser, engine, one TTS per backend) and
+warms them, so no turn pays for loading. Also turns config objects into the plain settings voice/ takes.
+It knows nothing of sockets or sessions' inner workings.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from voice.session import SessionSettings, Stages
+from voice.turn import PersonaSpec, VoiceBinding
+from voice.vad import Vad
+from web.config import AppConfig
+from web.locate import resolve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    stages: Stages
+    engine: Any  # llm_engine Engine (or a fake with its shape); stopped by close()
+    load_s: dict[str, float] = field(default_factory=dict)
+
+    def close(self) -> None:
+        stop = getattr(self.engine, "stop", None)
+        if stop is not None:
+            stop()
+
+
+def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
+    return {
+        name: PersonaSpec(
+            name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
+            speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
+        )  # fmt: skip
+        for name, p in cfg.persona_defs.items()
+    }
+
+
+def output_sample_rate(cfg: AppConfig) -> int:
+    """One rate for every session's audio: Piper's 22.05 kHz when a Piper voice exists, else 16 kHz."""
+    return 22050 if any(v.backend == "piper" for v in cfg.voices.values()) else 16000
+
+
+def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
+    base = SessionSettings(
+        vad_threshold=cfg.vad.threshold,
+        min_speech_ms=float(cfg.vad.min_speech_ms),
+        hangover_ms=float(cfg.vad.hangover_ms),
+        barge_in_min_speech_ms=float(cfg.vad.barge_in_min_speech_ms),
+        partial_interval_ms=cfg.asr.partial_interval_ms,
+        budgets_ms=dict(cfg.budgets_ms),
+        output_sample_rate=output_sample_rate(cfg),
+    )
+    return SessionSettings(**{**base.__dict__, **overrides})
+
+
+def _vad_factory(cfg: AppConfig) -> Callable[[], Vad]:
+    m = cfg.models.vad
+    if m.backend == "webrtc":
+        from voice.vad import WebRtcVad
+
+        aggressiveness = cfg.vad.webrtc_aggressiveness
+        return lambda: WebRtcVad(aggressiveness, 16000, 30)
+    from voice.vad import SileroVad
+
+    path = resolve("vad", m.source, allow_downloads=cfg.models.allow_downloads)
+    return lambda: SileroVad(path)
+
+
+def _voices(cfg: AppConfig, out_rate: int) -> dict[str, VoiceBinding]:
+    """One Tts object per backend (and per Piper model file), shared by the voices that name it."""
+    from voice.tts import CommandTts, CoquiTts, PiperTts
+
+    backends: dict[tuple[str, str], Any] = {}
+    voices: dict[str, VoiceBinding] = {}
+    for name, v in cfg.voices.items():
+        key = (v.backend, v.source if v.backend in ("piper", "coqui") else "")
+        if key not in backends:
+            if v.backend == "piper":
+                backends[key] = PiperTts(resolve("tts", v.source, allow_downloads=cfg.models.allow_downloads))
+            elif v.backend == "coqui":
+                backends[key] = CoquiTts(v.source, device="cpu")
+            else:
+                backends[key] = CommandTts(v.backend, sample_rate=out_rate)
+        voices[name] = VoiceBinding(backends[key], v.speaker)
+    return voices
+
+
+def load(cfg: AppConfig) -> Runtime:
+    """Load every model the config names; raises ModelNotFound / RuntimeError with a clear message."""
+    from llm_engine.engine import Engine
+    from voice.asr import WhisperTranscriber
+    from voice.llm_bridge import LlmBridge
+
+    times: dict[str, float] = {}
+    allow = cfg.models.allow_downloads
+
+    t0 = time.perf_counter()
+    make_vad = _vad_factory(cfg)
+    make_vad()  # load once now: a bad VAD file fails at start, not at the first session
+    times["vad"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    a = cfg.models.asr
+    transcriber = WhisperTranscriber(
+        str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type, beam_size=a.beam_size
+    )
+    times["asr"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    m = cfg.models.llm
+    device = "cpu" if m.device == "auto" else m.device
+    engine = Engine.from_path(
+        resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len, max_slots=m.max_slots
+    )
+    engine.start()
+    times["llm"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    voices = _voices(cfg, output_sample_rate(cfg))
+    times["tts"] = time.perf_counter() - t0
+
+    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=LlmBridge(engine), voices=voices)
+    return Runtime(stages=stages, engine=engine, load_s=times)
+
+
+def warm(runtime: Runtime) -> None:
+    """One tiny pass through each stage (first-call allocations, lazy imports, ONNX sessions)."""
+    stages = runtime.stages
+    vad = stages.make_vad()
+    vad.speech_prob(np.zeros(int(16000 * vad.frame_ms / 1000), dtype=np.float32))
+    rng = np.random.default_rng(0)
+    stages.transcriber.transcribe((rng.standard_normal(16000) * 0.01).astype(np.float32))
+    stream = runtime.engine.submit(_warm_request())
+    for _ in stream:
+        pass
+    runtime.engine.release("__warmup__")
+    seen: set[int] = set()
+    for binding in stages.voices.values():
+        if id(binding.tts) not in seen:
+            seen.add(id(binding.tts))
+            for _ in binding.tts.synthesize("Hello.", voice=binding.speaker):
+                pass
+
+
+def _warm_request() -> Any:
+    from llm_engine.engine import ChatMessage, GenerateRequest, SamplingParams
+
+    return GenerateRequest("__warmup__", (ChatMessage("user", "Hi"),), SamplingParams(max_new_tokens=2))
