@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from web.config import AppConfig
 
@@ -88,6 +89,18 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
         return 0
 
 
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> list[int]:
+    """Ctrl-C and SIGTERM end the client cleanly (devices closed, latency table printed)."""
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop)
+        except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+            continue
+        installed.append(sig)
+    return installed
+
+
 async def run_with_terminal(client: object) -> int:
     """Runs the client under a rich live view with single-key commands; prints the latency table
     at the end, and the reason when it could not connect."""
@@ -117,6 +130,7 @@ async def run_with_terminal(client: object) -> int:
             live.update(render(client.view))
             await asyncio.sleep(0.125)
 
+    stops = _stop_on_signals(loop, client.stop)
     with key_reader(loop, on_key), Live(render(client.view), console=console, transient=False,
                                         auto_refresh=False) as live:
         painter = asyncio.create_task(refresh(live))
@@ -127,6 +141,8 @@ async def run_with_terminal(client: object) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await painter
             live.update(render(client.view), refresh=True)
+            for sig in stops:
+                loop.remove_signal_handler(sig)
     if code:
         console.print(f"parley client: {client.view.notice}", style="red")
     elif client.view.turns:
