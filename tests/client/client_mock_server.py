@@ -27,6 +27,7 @@ def tone(seconds: float, hz: float = 440.0, amp: float = 0.3) -> np.ndarray:
 @dataclass
 class MockState:
     token: str | None = None
+    token_refusal: str = "message"  # "message": error + close 1008 like web/ws.py; "http": a 401 handshake
     reply_s: float = 2.0
     personas: tuple[str, ...] = ("assistant", "concise", "storyteller")
     sessions: int = 0
@@ -54,7 +55,8 @@ class _Session:
     async def ready(self) -> None:
         await self.send("session.ready", session_id=f"s{self.state.sessions}", protocol=1, input_sample_rate=16000,
                         output_sample_rate=OUT_RATE, persona=self.persona, voice=self.voice,
-                        personas=list(self.state.personas), voices=["joe", "kal"])
+                        personas=[{"name": p, "display_name": p.title(), "voice": "joe"} for p in self.state.personas],
+                        voices=[{"name": "joe", "backend": "piper", "description": ""}])
 
     async def on_audio(self, data: bytes) -> None:
         self.state.audio_bytes += len(data)
@@ -109,7 +111,7 @@ class _Session:
             self.state.updates.append(msg)
             self.persona = msg.get("persona") or self.persona
             self.voice = msg.get("voice") or self.voice
-            await self.ready()
+            await self.ws.send(json.dumps({"type": "session.updated", "persona": self.persona, "voice": self.voice}))
         elif kind == "playback.mark":
             self.state.marks.append((msg["turn_id"], msg["played_ms"]))
         elif kind == "response.cancel":
@@ -122,6 +124,11 @@ class _Session:
 
 
 async def _handler(ws: Any, state: MockState) -> None:
+    if state.token and ws.request.headers.get("Authorization") != f"Bearer {state.token}":
+        # like web/ws.py: accept, say why, close with 1008 (policy)
+        await ws.send(encode("error", code="unauthorized", message="missing or wrong token", fatal=True))
+        await ws.close(1008)
+        return
     start = json.loads(await ws.recv())
     state.starts.append(start)
     state.sessions += 1
@@ -146,7 +153,7 @@ async def start_mock(state: MockState, port: int = 0) -> Any:
     from websockets.http11 import Response
 
     def check_token(conn: Any, request: Any) -> Response | None:
-        if state.token and request.headers.get("Authorization") != f"Bearer {state.token}":
+        if state.token and state.token_refusal == "http" and request.headers.get("Authorization") != f"Bearer {state.token}":
             return Response(401, "Unauthorized", Headers(), b"bad token\n")
         return None
 

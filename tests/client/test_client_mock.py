@@ -119,6 +119,7 @@ async def test_persona_switch_round_trip(mock: tuple[MockState, int]) -> None:
     await client.send_text("hi")
     await wait_for(lambda: client.view.reply.startswith("[concise]"), what="reply in new persona")
     assert state.updates == [{"type": "session.update", "persona": "concise"}]
+    assert client.info is not None and client.info.personas == ("assistant", "concise", "storyteller")
     assert await finish(client, task) == 0
 
 
@@ -154,13 +155,16 @@ async def test_unreachable_server_is_one_clear_line() -> None:
     assert "cannot reach" in client.view.notice
 
 
-async def test_wrong_token_is_rejected_without_retry() -> None:
-    state = MockState(token="sesame")
+@pytest.mark.parametrize("refusal", ["message", "http"])
+async def test_wrong_token_is_rejected_without_retry(refusal: str) -> None:
+    state = MockState(token="sesame", token_refusal=refusal)
     server = await start_mock(state)
     try:
         client, _ = make_client(port_of(server), token="wrong")
         assert await asyncio.wait_for(client.run(), 10) == 1
-        assert "rejected the token (HTTP 401)" in client.view.notice and "--token" in client.view.notice
+        expected = "missing or wrong token" if refusal == "message" else "rejected the token (HTTP 401)"
+        assert expected in client.view.notice and "--token" in client.view.notice
+        assert state.sessions == 0
         good, _ = make_client(port_of(server), token="sesame")
         task = await started(good)
         assert await finish(good, task) == 0

@@ -267,6 +267,9 @@ class DesktopClient:
         if kind == "session.ready":
             self.info = ServerInfo.from_ready(msg)
             self._on_ready(self.info)
+        elif kind == "session.updated":  # the answer to session.update
+            view.persona = self.persona = msg.get("persona") or self.persona
+            view.voice = self.voice = msg.get("voice") or self.voice
         elif kind == "vad.speech_started":
             view.state, view.partial = "listening", ""
         elif kind == "vad.speech_ended":

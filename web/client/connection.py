@@ -6,6 +6,7 @@ trying again can help. Knows the wire (web/protocol.py), not audio or the termin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-from web.protocol import PROTOCOL_VERSION, SessionStart
+from web.protocol import CLOSE_POLICY, PROTOCOL_VERSION, SessionStart
 
 
 class ConnectError(Exception):
@@ -41,7 +42,12 @@ class ServerInfo:
     @classmethod
     def from_ready(cls, msg: dict[str, Any]) -> ServerInfo:
         return cls(str(msg["session_id"]), int(msg["input_sample_rate"]), int(msg["output_sample_rate"]),
-                   str(msg["persona"]), str(msg["voice"]), tuple(msg["personas"]), tuple(msg["voices"]))
+                   str(msg["persona"]), str(msg["voice"]), _names(msg["personas"]), _names(msg["voices"]))
+
+
+def _names(items: list[Any]) -> tuple[str, ...]:
+    """The server lists personas and voices as objects with a `name` (plain strings accepted too)."""
+    return tuple(str(i["name"]) if isinstance(i, dict) else str(i) for i in items)
 
 
 def ws_url(server: str) -> str:
@@ -97,7 +103,9 @@ class Connection:
         start = SessionStart(type="session.start", protocol=PROTOCOL_VERSION, sample_rate=self.sample_rate,
                              persona=persona, voice=voice)
         try:
-            await ws.send(start.model_dump_json(exclude_none=True))
+            # A refused session (wrong token) may already be closing; its reason is still readable.
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(start.model_dump_json(exclude_none=True))
             while True:
                 raw = await asyncio.wait_for(ws.recv(), self.open_timeout_s)
                 if isinstance(raw, bytes):
@@ -114,9 +122,9 @@ class Connection:
         except ConnectionClosed as exc:
             self._ws = None
             reason = exc.rcvd.reason if exc.rcvd else ""
-            auth = exc.rcvd is not None and exc.rcvd.code == 1008 and "token" in reason.lower()
+            policy = exc.rcvd is not None and exc.rcvd.code == CLOSE_POLICY  # token or origin: retrying cannot help
             raise ConnectError(f"the server closed the session before it was ready ({reason or 'no reason'})"
-                               + ("; check --token" if auth else ""), retry=not auth) from None
+                               + ("; check --token" if policy else ""), retry=not policy) from None
         except asyncio.TimeoutError:
             await self.close()
             raise ConnectError(f"the server at {self.url} did not answer session.start", retry=True) from None
