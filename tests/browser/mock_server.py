@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 STATIC = Path(__file__).resolve().parents[2] / "web" / "static"
@@ -60,12 +60,7 @@ def sine_pcm(seconds: float, freq: float = 220.0, rate: int = OUT_RATE) -> bytes
 
 def create_app(opts: MockOptions) -> FastAPI:
     app = FastAPI()
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     active: set[int] = set()
-
-    @app.get("/")
-    async def index() -> FileResponse:
-        return FileResponse(STATIC / "index.html")
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -176,6 +171,7 @@ def create_app(opts: MockOptions) -> FastAPI:
             if s.reply:
                 s.reply.cancel()
 
+    app.mount("/", StaticFiles(directory=STATIC, html=True), name="static")  # as the real server does
     return app
 
 

@@ -3,16 +3,20 @@
 import { Connection, CLOSE_TRY_AGAIN } from "./connection.js";
 import { startMic } from "./mic.js";
 import { Player } from "./player.js";
-import { inputText, playbackMark, responseCancel, sessionUpdate, socketUrl } from "./protocol.js";
+import { inputText, playbackMark, responseCancel, sessionStart, sessionUpdate, socketUrl } from "./protocol.js";
+import { remember, remembered } from "./prefs.js";
 import * as ui from "./ui.js";
 import { LatencyStats, traceRow } from "./waterfall.js";
 
 const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
 const GAP_RESET_MS = 80; // a voiced run survives short dips between syllables
+const ONSET_RMS = 0.003; // about -50 dBFS: where a word's soft start begins, for timing the interruption
 const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
+const THINKING_GIVE_UP_MS = 15000; // speech that never became a turn (noise) stops showing "thinking"
 
 const $ = (id) => document.getElementById(id);
 const conn = new Connection(socketUrl(location.href));
+conn.wanted = remembered();
 const player = new Player();
 const conversation = new ui.Conversation($("conversation"));
 const latency = new LatencyStats();
@@ -23,19 +27,22 @@ let mic = null;
 let micStarting = false;
 let hearing = false; // the server's VAD says the user is talking
 let awaiting = false; // a user turn ended and no reply audio has played yet
+let awaitingSince = 0;
 let pendingTyped = null; // {text, at} until the server names the turn
 let lastVoicedAt = null; // page clock of the last voiced mic frame sent
 let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
 let voicedRunMs = 0;
 let gapMs = 0;
 let runStartAt = null;
+let onsetAt = null; // start of the current run of frames above ONSET_RMS (earlier than runStartAt)
+let quietMs = 0;
 let lastMarkAt = 0;
 
 // Numbers for people and tests: the player's output level and counts, first-played times, barge-ins.
 const stats = {
   framesSent: 0, voicedFramesSent: 0, micRms: 0,
   playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
-  firstPlayed: {}, micToEar: {}, bargeIns: [], clears: [], errors: [], connections: [],
+  firstPlayed: {}, micToEar: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [],
 };
 window.parleyStats = stats;
 window.parley = { conn, player, turns, latency, stats };
@@ -55,7 +62,13 @@ function turn(turnId) {
   return t;
 }
 
+function expectReply() {
+  awaiting = true;
+  awaitingSince = performance.now();
+}
+
 function refreshState() {
+  if (awaiting && performance.now() - awaitingSince > THINKING_GIVE_UP_MS) awaiting = false;
   let state;
   if (!conn.isReady) state = "offline";
   else if (player.state.playing) state = "speaking";
@@ -97,6 +110,7 @@ const handlers = {
   "session.updated"(msg) {
     ui.setPicker("persona", msg.persona);
     ui.setPicker("voice", msg.voice);
+    remember(msg.persona, conn.wanted.voice);
     stats.persona = msg.persona ?? stats.persona;
     stats.voice = msg.voice ?? stats.voice;
   },
@@ -107,6 +121,7 @@ const handlers = {
   "vad.speech_ended"() {
     hearing = false;
     utteranceEndAt = lastVoicedAt;
+    expectReply();
   },
   "transcript.partial"(msg) {
     ui.setPartial(msg.text);
@@ -117,7 +132,7 @@ const handlers = {
     if (!t.typed) t.voiceEndAt = utteranceEndAt ?? lastVoicedAt;
     ui.setPartial("");
     if (!t.typed && msg.text) conversation.bubble("user", msg.turn_id, msg.text);
-    awaiting = true;
+    expectReply();
     hearing = false;
   },
   "response.text.delta"(msg) {
@@ -125,12 +140,15 @@ const handlers = {
     if (!cancelled.has(msg.turn_id)) conversation.appendText("assistant", msg.turn_id, msg.text);
   },
   "response.audio.clear"(msg) {
+    if (cancelled.has(msg.turn_id)) return; // we stopped it ourselves already
     cancelled.add(msg.turn_id);
+    if (player.state.playing || player.state.buffered > 0) recordInterruption("server", msg.turn_id, performance.now());
     stopPlayback("server", msg.turn_id);
   },
   "response.done"(msg) {
     turn(msg.turn_id);
     conversation.finish(msg.turn_id, { text: msg.text, interrupted: msg.interrupted, spokenText: msg.spoken_text });
+    stats.done.push({ turnId: msg.turn_id, interrupted: !!msg.interrupted, at: performance.now() });
     awaiting = false;
   },
   "turn.trace"(msg) {
@@ -140,6 +158,13 @@ const handlers = {
   error(msg) {
     stats.errors.push({ code: msg.code, message: msg.message, fatal: !!msg.fatal, at: performance.now() });
     const code = String(msg.code || "");
+    if (!conn.ready && /unknown_(persona|voice)/.test(code)) {
+      // The remembered choice is gone from this server: forget it and start with its default.
+      remember(null, null);
+      conn.wanted = { persona: null, voice: null };
+      conn.send(sessionStart());
+      return;
+    }
     if (/full|capacity|busy|too_many/i.test(code)) {
       ui.showError("full", "Parley is busy: all conversation slots on the server are taken. We'll try again in a moment.");
     } else if (/auth|token|origin/i.test(code)) {
@@ -206,6 +231,12 @@ function onMicFrame(frame) {
   }
   // Client-side barge-in: the server's VAD would stop the reply too, but only after its own
   // minimum speech time plus a round trip; stopping here keeps the stop under 300 ms.
+  if (frame.rms >= ONSET_RMS) {
+    if (onsetAt === null) onsetAt = now - 20;
+    quietMs = 0;
+  } else if ((quietMs += 20) > GAP_RESET_MS) {
+    onsetAt = null;
+  }
   if (frame.voiced) {
     if (runStartAt === null) runStartAt = now - 20;
     voicedRunMs += 20;
@@ -221,10 +252,17 @@ function onMicFrame(frame) {
   if (voicedRunMs >= BARGE_IN_MS && replyAudible && player.state.turnId !== null && !cancelled.has(player.state.turnId)) {
     const turnId = player.state.turnId;
     cancelled.add(turnId);
-    stats.bargeIns.push({ turnId, speechAt: runStartAt, decidedAt: now, stoppedAt: null, stopMs: null });
+    recordInterruption("client", turnId, now);
     conn.send(responseCancel());
     stopPlayback("barge-in", turnId);
   }
+}
+
+// The interruption starts where the user's current sound began (page clock, the soft onset before
+// the voiced run); the stop is filled in when the player worklet reports its buffer emptied.
+function recordInterruption(source, turnId, decidedAt) {
+  const speechAt = onsetAt !== null && runStartAt !== null ? Math.min(onsetAt, runStartAt) : (runStartAt ?? onsetAt);
+  stats.bargeIns.push({ source, turnId, speechAt, voicedAt: runStartAt, decidedAt, stoppedAt: null, stopMs: null });
 }
 
 async function startTalking() {
@@ -315,7 +353,7 @@ player.addEventListener("cleared", (ev) => {
   for (const b of stats.bargeIns) {
     if (b.stoppedAt === null) {
       b.stoppedAt = at;
-      b.stopMs = at - b.speechAt;
+      b.stopMs = b.speechAt === null ? null : at - b.speechAt;
     }
   }
   sendMark(turnId, playedSamples);
@@ -343,7 +381,7 @@ $("typed").addEventListener("submit", async (ev) => {
   pendingTyped = { text, at: performance.now() };
   conn.send(inputText(text));
   conversation.typed(text);
-  awaiting = true;
+  expectReply();
   box.value = "";
   refreshState();
 });

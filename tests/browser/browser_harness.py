@@ -1,0 +1,108 @@
+"""Browser-test helpers: chromium flags, fake-microphone WAVs, servers in subprocesses.
+
+Servers run as subprocesses (the mock, or the real one as `make run` starts it) and are served from
+127.0.0.1 so AudioWorklets load (secure context). Knows nothing of pytest fixtures.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+import audio_corpus
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+FAKE_MIC_RATE = 44100  # Chromium's fake capture device runs at 44.1 kHz stereo
+ARTIFACTS = ROOT / "artifacts" / "browser"
+
+
+def chromium_args(wav: Path | None) -> list[str]:
+    args = [
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+    ]
+    if wav is not None:
+        args.append(f"--use-file-for-fake-audio-capture={wav}")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mic_wav(path: Path, parts: list[tuple[str, float | str]]) -> Path:
+    """Write a fake-mic WAV from ("silence", ms) and ("say", text) parts, as 44.1 kHz stereo PCM16.
+
+    The fake device loops the file, so callers end it with a long silence.
+    """
+    pieces: list[np.ndarray] = []
+    for kind, value in parts:
+        if kind == "silence":
+            pieces.append(audio_corpus.silence(float(value), FAKE_MIC_RATE))
+        else:
+            audio, rate = audio_corpus.speak_piper(str(value))
+            pieces.append(soxr.resample(audio, rate, FAKE_MIC_RATE).astype(np.float32) * 0.9)
+    mono = np.concatenate(pieces)  # [N]
+    import soundfile as sf
+
+    sf.write(path, np.stack([mono, mono], axis=1), FAKE_MIC_RATE, subtype="PCM_16")
+    return path
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+class ServerProcess:
+    """A server in a subprocess that can be killed and started again on the same port."""
+
+    def __init__(self, argv: list[str], port: int, log: Path, ready_timeout_s: float) -> None:
+        self.argv = argv
+        self.port = port
+        self.log = log
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{port}/"
+
+    def start(self) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        out = self.log.open("a")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        wait_http(self.url + "healthz", self.proc, self.ready_timeout_s)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+
+def mock_server(tmp_path: Path, options: str = "{}") -> ServerProcess:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.browser.mock_server", str(port), options]
+    return ServerProcess(argv, port, tmp_path / "mock.log", ready_timeout_s=30)

@@ -1,0 +1,176 @@
+"""The browser client against the mock server: UI behaviour in seconds, no models.
+
+Covers what the page does with each protocol event (transcripts, reply text and audio, waterfall,
+barge-in, persona switch, errors, reconnect), phone layout and keyboard access.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from browser_harness import ServerProcess, mic_wav, mock_server
+
+pytestmark = pytest.mark.browser
+
+QUESTION = "What is the weather like today?"
+
+
+def stats(page) -> dict:
+    return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
+
+
+def open_page(page, server: ServerProcess) -> None:
+    page.goto(server.url)
+    page.wait_for_selector("#conn[data-phase=up]")
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory) -> Path:
+    return mic_wav(tmp_path_factory.mktemp("wav") / "question.wav",
+                   [("silence", 800), ("say", QUESTION), ("silence", 30000)])
+
+
+def test_protocol_helpers_in_the_page(launch, mock) -> None:
+    page = launch()
+    open_page(page, mock)
+    got = page.evaluate("""async () => {
+        const p = await import('./protocol.js');
+        const buf = new ArrayBuffer(8 + 6);
+        const v = new DataView(buf);
+        v.setUint32(0, 7, true); v.setUint32(4, 3, true);
+        v.setInt16(8, -32768, true); v.setInt16(10, 1, true); v.setInt16(12, 32767, true);
+        const f = p.parseAudioFrame(buf);
+        return {
+          turnId: f.turnId, seq: f.seq, pcm: Array.from(f.pcm),
+          p50: p.percentile([5, 1, 4, 2, 3], 50), p95: p.percentile([5, 1, 4, 2, 3], 95), none: p.percentile([], 50),
+          backoff: [0, 1, 2, 3, 4, 5, 9].map((a) => p.backoffMs(a, () => 0)),
+          url: p.socketUrl('http://127.0.0.1:9/?token=abc'), frame: p.FRAME_SAMPLES,
+        };
+    }""")
+    assert got["turnId"] == 7 and got["seq"] == 3 and got["pcm"] == [-32768, 1, 32767]
+    assert (got["p50"], got["p95"], got["none"]) == (3, 5, None)
+    assert got["backoff"] == [500, 1000, 2000, 4000, 8000, 8000, 8000]
+    assert got["url"] == "ws://127.0.0.1:9/ws?token=abc"
+    assert got["frame"] == 320
+
+
+def test_spoken_turn_shows_transcript_reply_audio_and_waterfall(launch, mock, question_wav) -> None:
+    page = launch(question_wav)
+    open_page(page, mock)
+    assert page.input_value("#persona") == "assistant" and page.input_value("#voice") == "joe"
+    page.click("#start")
+    page.wait_for_selector("#conversation .msg.user", timeout=60_000)
+    assert page.inner_text("#conversation .msg.user .body") == "what is the weather like today"
+    page.wait_for_selector("#traces li.trace")
+    page.wait_for_function("window.parleyStats.playedSamples >= 22050 * 1.4")
+    s = stats(page)
+    assert s["framesSent"] > 50 and s["voicedFramesSent"] >= 25  # ~1.8 s of speech in 20 ms frames
+    assert s["audibleSamples"] >= 0.9 * 22050 * 1.5  # the 1.5 s sine reply came out non-silent
+    assert 0.25 < s["maxPeak"] < 0.35  # mock sine amplitude 0.3
+    assert "It is sunny with a light breeze." in page.inner_text("#conversation .msg.assistant")
+    row = page.locator("#traces li.trace").first
+    stages = row.locator(".stage").evaluate_all("els => els.map(e => [e.dataset.stage, e.classList.contains('over')])")
+    assert stages == [["endpointing", False], ["asr", False], ["llm_ttft", False], ["phrase", False],
+                      ["tts", True], ["send", False], ["voice_to_voice", False]]
+    ear = float(s["micToEar"]["1"])
+    assert ear > 0 and row.locator("[data-field=mic_to_ear]").inner_text() == f"{round(ear)} ms"
+    assert "1453 ms" in row.locator("[data-field=voice_to_voice]").inner_text()
+    assert "p50 1453 ms p95 1453 ms" in page.inner_text("#latency")
+
+
+def test_typed_turn_then_persona_switch_changes_voice_and_greets(launch, mock, silent_wav) -> None:
+    page = launch(silent_wav)
+    open_page(page, mock)
+    page.fill("#text", "hello there")
+    page.press("#text", "Enter")
+    page.wait_for_function("document.querySelector('#conversation .msg.assistant')?.textContent.includes('You said: hello there.')")
+    assert page.inner_text("#conversation .msg.user.typed .body") == "hello there"
+    page.wait_for_selector("#traces li.trace")
+    assert "client send→ear" in page.inner_text("#traces li.trace .headline")
+    page.select_option("#persona", "storyteller")
+    page.wait_for_function("window.parleyStats.persona === 'storyteller'")
+    page.wait_for_function("[...document.querySelectorAll('.msg.assistant')].some(m => m.textContent.includes('Hello there, traveller.'))")
+    assert page.input_value("#voice") == "kal"
+
+
+def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(launch, tmp_path) -> None:
+    server = mock_server(tmp_path, json.dumps({"reply_s": 8.0}))
+    server.start()
+    try:
+        wav = mic_wav(tmp_path / "barge.wav", [("silence", 500), ("say", QUESTION), ("silence", 1800),
+                                                ("say", "Stop, tell me something else instead."), ("silence", 30000)])
+        page = launch(wav)
+        open_page(page, server)
+        page.click("#start")
+        page.wait_for_function("window.parleyStats.bargeIns.some(b => b.stopMs !== null)", timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('#conversation .msg.user').length >= 2", timeout=60_000)
+        s = stats(page)
+        barge = s["bargeIns"][0]
+        print("barge-in", barge)
+        assert barge["turnId"] == 1 and 0 < barge["stopMs"] < 300, barge
+        assert s["audibleSamples"] < 22050 * 6  # far less than the 8 s reply was played
+        assert page.locator("#conversation .msg.assistant.interrupted").count() >= 1
+        page.wait_for_function("window.parleyStats.firstPlayed['2'] !== undefined", timeout=60_000)
+    finally:
+        server.kill()
+
+
+def test_server_restart_shows_error_then_reconnects_without_reload(launch, mock, silent_wav) -> None:
+    page = launch(silent_wav)
+    open_page(page, mock)
+    first = stats(page)["sessionId"]
+    page.evaluate("window.parleyLoadMarker = 42")  # survives only if the page is not reloaded
+    mock.kill()
+    page.wait_for_selector("#error:not([hidden])")
+    assert "Lost the connection" in page.inner_text("#error")
+    assert page.get_attribute("#state", "data-state") == "offline"
+    mock.start()
+    page.wait_for_selector("#conn[data-phase=up]", timeout=60_000)
+    assert page.is_hidden("#error")
+    assert page.evaluate("window.parleyLoadMarker") == 42 and stats(page)["sessionId"] != first
+    page.fill("#text", "are you back")
+    page.press("#text", "Enter")
+    page.wait_for_function("document.body.textContent.includes('You said: are you back.')")
+
+
+def test_full_server_is_explained(launch, tmp_path) -> None:
+    server = mock_server(tmp_path, json.dumps({"max_sessions": 0}))
+    server.start()
+    try:
+        page = launch()
+        page.goto(server.url)
+        page.wait_for_selector("#error:not([hidden])")
+        assert "busy" in page.inner_text("#error") and page.get_attribute("#error", "data-kind") == "full"
+        page.wait_for_selector("#conn[data-phase=waiting]")
+    finally:
+        server.kill()
+
+
+def test_denied_microphone_is_explained_and_typing_still_works(launch, mock) -> None:
+    page = launch(fake_ui=False)
+    open_page(page, mock)
+    page.click("#start")
+    page.wait_for_selector("#error[data-kind=mic]:not([hidden])")
+    assert "Microphone access was blocked" in page.inner_text("#error")
+    assert page.is_enabled("#start")
+    page.fill("#text", "typing instead")
+    page.click("#send")
+    page.wait_for_function("document.body.textContent.includes('You said: typing instead.')")
+
+
+def test_phone_screen_fits_and_keyboard_reaches_every_control(launch, mock) -> None:
+    page = launch(viewport={"width": 375, "height": 740})
+    open_page(page, mock)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    for label in ("Persona", "Voice", "Type a message"):
+        assert page.get_by_label(label).count() == 1
+    order = []
+    page.focus("body")
+    for _ in range(6):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate("document.activeElement.id"))
+    assert order[:5] == ["start", "persona", "voice", "text", "send"] or order[:4] == ["start", "persona", "voice", "text"]
+    assert page.get_attribute("#partial", "aria-live") == "polite"
+    assert page.get_attribute("#error", "role") == "alert"
