@@ -53,6 +53,8 @@ def sample(
     logits = apply_repetition_penalty(logits.float(), history, params.repetition_penalty)
     if params.temperature <= 0.0:
         return int(torch.argmax(logits))
+    if generator is not None and generator.device != logits.device:
+        logits = logits.to(generator.device)  # seeded draws come from a CPU generator: same on any device
     logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

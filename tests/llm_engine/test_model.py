@@ -108,3 +108,21 @@ def test_bfloat16_model_tracks_float32(tiny_pair, tmp_path: Path):
         l16 = bf16(prompt, torch.arange(8)[None], cache16, [0])
     assert l16.dtype == torch.float32
     assert torch.corrcoef(torch.stack([l32.flatten(), l16.flatten()]))[0, 1] > 0.99
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_half_precision_tracks_cpu_float32(tiny_pair, dtype):
+    from llm_engine.loader import build_model, resolve_dtype
+
+    _, ours, _ = tiny_pair
+    state = {k: v.clone() for k, v in ours.state_dict().items()}
+    gpu = build_model(ours.cfg, state, max_seq_len=128, dtype=resolve_dtype(dtype), device="cuda")
+    c = ours.cfg
+    cache = StaticKVCache(c.num_layers, 1, c.num_kv_heads, 128, c.head_dim, dtype=resolve_dtype(dtype), device="cuda")
+    prompt = torch.randint(0, 512, (1, 8))
+    with torch.inference_mode():
+        want = ours(prompt, torch.arange(8)[None], new_cache(ours), [0])
+        got = gpu(prompt.cuda(), torch.arange(8, device="cuda")[None], cache, [0]).cpu()
+    assert torch.corrcoef(torch.stack([want.flatten(), got.flatten()]))[0, 1] > 0.99
