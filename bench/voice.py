@@ -1,0 +1,115 @@
+"""Voice stage benchmark on this machine: ASR accuracy/speed/final latency, TTS first-chunk time and RTF, VAD cost.
+
+Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/voice.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+# this file is named voice.py: drop its own folder from the path or it shadows the `voice` package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent / "tests"))
+import audio_corpus as corpus  # noqa: E402  (the spoken corpus lives with the tests)
+
+from voice.asr import WhisperTranscriber  # noqa: E402
+from voice.tts import CommandTts, PiperTts  # noqa: E402
+from voice.vad import SileroVad, WebRtcVad  # noqa: E402
+from web.locate import find_embedded  # noqa: E402
+
+
+def table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    cells = [header] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print(f"\n{title}")
+    for i, row in enumerate(cells):
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+def bench_asr(voices: dict[str, list[np.ndarray]], hangover_ms: float) -> None:
+    rows = []
+    for name, source in (("tiny.en", "embedded"), ("base", "embedded-base")):
+        t0 = time.perf_counter()
+        asr = WhisperTranscriber(find_embedded("asr", source))
+        load_s = time.perf_counter() - t0
+        asr.transcribe(voices["piper"][0])  # warm-up: first call allocates
+        for voice, clips in voices.items():
+            results = [asr.transcribe(a) for a in clips]
+            audio_ms = sum(r.audio_ms for r in results)
+            decode = [r.decode_ms for r in results]
+            score = corpus.wer(corpus.REQUESTS[: len(clips)], [r.text for r in results])
+            # final started at SpeechPaused runs during the hangover; only what outlasts it is felt
+            after_endpoint = [max(0.0, d - hangover_ms) for d in decode]
+            rows.append([name, voice, len(clips), score, sum(decode) / audio_ms, statistics.median(decode),
+                         max(decode), statistics.median(after_endpoint), max(after_endpoint), load_s])  # fmt: skip
+    table(
+        f"ASR (faster-whisper int8, beam 1, CPU); final latency after endpoint with the final started at pause, hangover {hangover_ms:.0f} ms",
+        ["model", "voice", "clips", "WER", "RTF", "final p50 ms", "final max ms", "after endpoint p50 ms",
+         "after endpoint max ms", "load s"],
+        rows,
+    )  # fmt: skip
+
+
+def bench_tts() -> None:
+    first_phrase = "Sure, I can help with that."
+    reply = "It will be sunny this afternoon with a light breeze. It is a good day for a walk in the park."
+    rows = []
+    for name, tts in (("piper joe", PiperTts(find_embedded("tts"))), ("flite slt", CommandTts("flite")),
+                      ("flite kal", CommandTts("flite", "kal")), ("espeak-ng", CommandTts("espeak-ng"))):  # fmt: skip
+        list(tts.synthesize("Warm up."))
+        for label, text in (("first phrase", first_phrase), ("two sentences", reply)):
+            ttfc, totals, audio_s = [], [], 0.0
+            for _ in range(3):
+                t0 = time.perf_counter()
+                gen = tts.synthesize(text)
+                first = next(gen)
+                ttfc.append(1000 * (time.perf_counter() - t0))
+                n = len(first) + sum(len(c) for c in gen)
+                totals.append(time.perf_counter() - t0)
+                audio_s = n / tts.sample_rate
+            rows.append([name, label, tts.sample_rate, statistics.median(ttfc), audio_s, statistics.median(totals) / audio_s])
+    table("TTS (CPU)", ["backend", "text", "rate Hz", "first chunk ms", "audio s", "RTF"], rows)
+
+
+def bench_vad(audio: np.ndarray) -> None:
+    rows = []
+    for name, vad in (("silero", SileroVad(find_embedded("vad"))), ("webrtc", WebRtcVad())):
+        n = 16000 * vad.frame_ms // 1000
+        frames = [audio[i : i + n] for i in range(0, len(audio) - n + 1, n)]
+        t0 = time.perf_counter()
+        for f in frames:
+            vad.speech_prob(f)
+        per_frame_ms = 1000 * (time.perf_counter() - t0) / len(frames)
+        rows.append([name, vad.frame_ms, per_frame_ms, per_frame_ms / vad.frame_ms])
+    table("VAD (CPU)", ["backend", "frame ms", "ms per frame", "RTF"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="8 requests instead of the whole corpus")
+    parser.add_argument("--hangover-ms", type=float, default=500.0)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (1 min) - numbers are only comparable at low load")
+    texts = corpus.REQUESTS[:8] if args.quick else corpus.REQUESTS
+    voices = {
+        "piper": [corpus.to_16k(*corpus.speak_piper(t)) for t in texts],
+        "flite": [corpus.to_16k(*corpus.speak_flite(t)) for t in texts],
+        "flite-kal": [corpus.to_16k(*corpus.speak_flite(t, voice="kal")) for t in texts],
+    }
+    bench_asr(voices, args.hangover_ms)
+    bench_tts()
+    bench_vad(np.concatenate(voices["piper"]))
+
+
+if __name__ == "__main__":
+    main()
