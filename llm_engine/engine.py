@@ -9,7 +9,7 @@ import itertools
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -82,10 +82,9 @@ class _Job:
     prefilled: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Release:
     session_id: str
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class Engine:
@@ -106,6 +105,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Guards the slot table: release() and active_slots() run on callers' threads.
+        self._lock = threading.Lock()
+        self._releasing: set[str] = set()
         self.load_s = 0.0
 
     @classmethod
@@ -144,17 +146,19 @@ class Engine:
         return stream
 
     def release(self, session_id: str) -> None:
-        """The session ended: cancel its requests and free its slot. Blocks until the engine has done it."""
-        msg = _Release(session_id)
-        if threading.current_thread() is self._thread or self._thread is None:
-            self._handle(msg)
-            return
-        self._inbox.put(msg)
-        msg.done.wait()
+        """The session ended: cancel its requests and free its slot. Never blocks (it is called from event loops).
+
+        An idle slot is freed at once; a busy one as soon as its request has been cancelled (within one step).
+        """
+        with self._lock:
+            if not self.slots.release(session_id) and self.slots.slot_of(session_id) is not None:
+                self._releasing.add(session_id)
+        self._inbox.put(_Release(session_id))
 
     def active_slots(self) -> int:
-        """Slots owned by a session (running or keeping its cache between turns)."""
-        return self.slots.owned()
+        """Slots owned by a session (running or keeping its cache between turns), not counting released ones."""
+        with self._lock:
+            return self.slots.owned() - sum(1 for s in self._releasing if self.slots.slot_of(s) is not None)
 
     def _wake(self) -> None:
         self._inbox.put("wake")
@@ -187,8 +191,9 @@ class Engine:
         elif isinstance(msg, _Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
                 self._emit(job, job.gen.cancel())
-            self.slots.release(msg.session_id)
-            msg.done.set()
+            with self._lock:
+                self.slots.release(msg.session_id)
+                self._releasing.discard(msg.session_id)
         elif msg == "stop":
             self._stopping = True
 
@@ -202,7 +207,8 @@ class Engine:
             job = self._jobs[job_id]
             if job.req.session_id in busy_sessions:
                 continue  # one request per session at a time: they share the slot's cache
-            slot = self.slots.acquire(job.req.session_id)
+            with self._lock:
+                slot = self.slots.acquire(job.req.session_id)
             if slot is None:
                 return  # every slot is busy: FIFO, so later arrivals wait too
             job.slot = slot
@@ -244,5 +250,6 @@ class Engine:
         self._jobs.pop(job.id, None)
         self.scheduler.remove(job.id)
         if job.slot is not None:
-            self.slots.finish(job.slot)
+            with self._lock:
+                self.slots.finish(job.slot)
             job.slot = None

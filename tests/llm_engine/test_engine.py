@@ -186,3 +186,16 @@ def test_prompt_that_cannot_fit_finishes_with_context(small_engine):
     msgs = [SYSTEM, ChatMessage("user", "word " * 400)]
     ids, _, fin = ask(small_engine, "huge", msgs, 8)
     assert ids == [] and fin.reason == "context"
+
+
+def test_release_during_a_reply_cancels_it_and_frees_the_slot(small_engine):
+    msgs = [SYSTEM, ChatMessage("user", "Write a poem about rain.")]
+    stream = small_engine.submit(GenerateRequest("rel", tuple(msgs), SamplingParams(max_new_tokens=64)))
+    events = iter(stream)
+    assert isinstance(next(events), TokenEvent)
+    before = small_engine.active_slots()
+    small_engine.release("rel")  # returns at once, without waiting for the engine thread
+    assert small_engine.active_slots() == before - 1
+    assert [e for e in events if isinstance(e, FinishEvent)][0].reason == "cancelled"
+    ask(small_engine, "after", msgs, 2)  # the engine serves the next session as usual
+    assert small_engine.slots.slot_of("rel") is None
