@@ -106,3 +106,24 @@ def mock_server(tmp_path: Path, options: str = "{}") -> ServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "tests.browser.mock_server", str(port), options]
     return ServerProcess(argv, port, tmp_path / "mock.log", ready_timeout_s=30)
+
+
+def page_stats(page) -> dict:
+    """The page's own numbers (window.parleyStats) as plain Python data."""
+    return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
+
+
+def restart_and_expect_reconnect(page, server: ServerProcess, reconnect_timeout_ms: float) -> None:
+    """Kill the server under a connected page, check the page says so, restart it, check the same page
+    (no reload: a marker survives) is back on a new session with the error gone."""
+    first = page_stats(page)["sessionId"]
+    page.evaluate("window.parleyLoadMarker = 42")
+    server.kill()
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert "Lost the connection" in page.inner_text("#error")
+    assert page.get_attribute("#state", "data-state") == "offline"
+    server.start()
+    page.wait_for_selector("#conn[data-phase=up]", timeout=reconnect_timeout_ms)
+    assert page.is_hidden("#error")
+    assert page.evaluate("window.parleyLoadMarker") == 42
+    assert page_stats(page)["sessionId"] != first

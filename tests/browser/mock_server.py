@@ -40,6 +40,7 @@ class MockOptions:
     reply_s: float = 1.5
     max_sessions: int = 4
     voiced_rms: float = 0.01
+    token: str | None = None
 
 
 @dataclass
@@ -108,6 +109,10 @@ def create_app(opts: MockOptions) -> FastAPI:
     @app.websocket("/ws")
     async def ws_endpoint(ws: WebSocket) -> None:
         await ws.accept()
+        if opts.token and ws.query_params.get("token") != opts.token:
+            await ws.send_text(json.dumps({"type": "error", "code": "unauthorized", "message": "wrong token", "fatal": True}))
+            await ws.close(code=1008)
+            return
         if len(active) >= opts.max_sessions:
             await ws.send_text(json.dumps({"type": "error", "code": "session_full", "message": "server full", "fatal": True}))
             await ws.close(code=1013)

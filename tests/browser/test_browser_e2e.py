@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import audio_corpus
-from browser_harness import ROOT, ServerProcess, free_port, mic_wav
+from browser_harness import ROOT, ServerProcess, free_port, mic_wav, page_stats, restart_and_expect_reconnect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,8 +44,7 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     srv.kill()
 
 
-def stats(page) -> dict:
-    return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
+stats = page_stats
 
 
 def open_after_greeting(page, server: ServerProcess) -> dict:
@@ -152,15 +151,7 @@ def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -
 def test_server_restart_shows_error_and_page_reconnects(server, launch, silent_wav) -> None:
     page = launch(silent_wav)
     open_after_greeting(page, server)
-    first = stats(page)["sessionId"]
-    page.evaluate("window.parleyLoadMarker = 7")
-    server.kill()
-    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
-    assert "Lost the connection" in page.inner_text("#error")
-    server.start()
-    page.wait_for_selector("#conn[data-phase=up]", timeout=120_000)
-    assert page.is_hidden("#error")
-    assert page.evaluate("window.parleyLoadMarker") == 7 and stats(page)["sessionId"] != first
+    restart_and_expect_reconnect(page, server, reconnect_timeout_ms=120_000)
     page.fill("#text", "Are you back?")
     page.press("#text", "Enter")
     page.wait_for_function("window.parleyStats.done.length >= 1 && window.parleyStats.done.at(-1).interrupted === false",

@@ -6,19 +6,19 @@ barge-in, persona switch, errors, reconnect), phone layout and keyboard access.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
-from browser_harness import ServerProcess, mic_wav, mock_server
+from browser_harness import ServerProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect
 
 pytestmark = pytest.mark.browser
 
 QUESTION = "What is the weather like today?"
 
 
-def stats(page) -> dict:
-    return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
+stats = page_stats
 
 
 def open_page(page, server: ServerProcess) -> None:
@@ -75,7 +75,7 @@ def test_spoken_turn_shows_transcript_reply_audio_and_waterfall(launch, mock, qu
     assert stages == [["endpointing", False], ["asr", False], ["llm_ttft", False], ["phrase", False],
                       ["tts", True], ["send", False], ["voice_to_voice", False]]
     ear = float(s["micToEar"]["1"])
-    assert ear > 0 and row.locator("[data-field=mic_to_ear]").inner_text() == f"{round(ear)} ms"
+    assert ear > 0 and row.locator("[data-field=mic_to_ear]").inner_text() == f"{math.floor(ear + 0.5)} ms"  # JS Math.round
     assert "1453 ms" in row.locator("[data-field=voice_to_voice]").inner_text()
     assert "p50 1453 ms p95 1453 ms" in page.inner_text("#latency")
 
@@ -120,16 +120,7 @@ def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(launch, tm
 def test_server_restart_shows_error_then_reconnects_without_reload(launch, mock, silent_wav) -> None:
     page = launch(silent_wav)
     open_page(page, mock)
-    first = stats(page)["sessionId"]
-    page.evaluate("window.parleyLoadMarker = 42")  # survives only if the page is not reloaded
-    mock.kill()
-    page.wait_for_selector("#error:not([hidden])")
-    assert "Lost the connection" in page.inner_text("#error")
-    assert page.get_attribute("#state", "data-state") == "offline"
-    mock.start()
-    page.wait_for_selector("#conn[data-phase=up]", timeout=60_000)
-    assert page.is_hidden("#error")
-    assert page.evaluate("window.parleyLoadMarker") == 42 and stats(page)["sessionId"] != first
+    restart_and_expect_reconnect(page, mock, reconnect_timeout_ms=60_000)
     page.fill("#text", "are you back")
     page.press("#text", "Enter")
     page.wait_for_function("document.body.textContent.includes('You said: are you back.')")
@@ -144,6 +135,22 @@ def test_full_server_is_explained(launch, tmp_path) -> None:
         page.wait_for_selector("#error:not([hidden])")
         assert "busy" in page.inner_text("#error") and page.get_attribute("#error", "data-kind") == "full"
         page.wait_for_selector("#conn[data-phase=waiting]")
+    finally:
+        server.kill()
+
+
+def test_wrong_token_is_refused_and_not_retried(launch, tmp_path) -> None:
+    server = mock_server(tmp_path, json.dumps({"token": "s3cret"}))
+    server.start()
+    try:
+        page = launch()
+        page.goto(server.url + "?token=wrong")
+        page.wait_for_selector("#conn[data-phase=refused]")
+        assert page.get_attribute("#error", "data-kind") == "auth" and "token" in page.inner_text("#error")
+        page.wait_for_timeout(2500)  # longer than the first backoff steps: a retry would have happened
+        assert page.evaluate("window.parley.conn.opens") == 1
+        page.goto(server.url + "?token=s3cret")
+        page.wait_for_selector("#conn[data-phase=up]")
     finally:
         server.kill()
 

@@ -90,7 +90,8 @@ function renderTrace(turnId) {
   else $("traces").prepend(row);
   latency.voiceToVoice = [];
   latency.micToEar = [];
-  for (const x of turns.values()) if (x.trace) latency.add(x.trace, x.micToEarMs ?? undefined);
+  // Typed turns have no mic: their send-to-ear time stays out of the mic-to-ear percentiles.
+  for (const x of turns.values()) if (x.trace) latency.add(x.trace, x.typed ? undefined : x.micToEarMs ?? undefined);
   latency.render($("latency"));
 }
 
@@ -202,12 +203,15 @@ conn.addEventListener("message", (ev) => {
 });
 
 conn.addEventListener("closed", (ev) => {
-  const { code, wasReady } = ev.detail;
+  const { code, wasReady, refused } = ev.detail;
   hearing = false;
   awaiting = false;
   player.clear("disconnect");
   stats.errors.push({ code: `close_${code}`, at: performance.now() });
-  if (code === CLOSE_TRY_AGAIN) {
+  if (refused) {
+    ui.setConnection("refused", "Refused");
+    if ($("error").dataset.kind !== "auth") ui.showError("auth", "The server refused this page. Check the access token in the address (?token=…).");
+  } else if (code === CLOSE_TRY_AGAIN) {
     ui.showError("full", "Parley is busy: all conversation slots on the server are taken. We'll try again in a moment.");
   } else if ($("error").dataset.kind !== "full") {
     ui.showError("gone", wasReady

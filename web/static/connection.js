@@ -19,6 +19,7 @@ export class Connection extends EventTarget {
     this.retryAt = null;
     this.stopped = true;
     this.sentBytes = 0;
+    this.opens = 0; // connection attempts, for the page's numbers
   }
 
   start() {
@@ -48,6 +49,7 @@ export class Connection extends EventTarget {
       this.scheduleRetry({ code: 0, reason: String(err) });
       return;
     }
+    this.opens += 1;
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     this.emit("status", { phase: "connecting", attempt: this.attempt });
@@ -58,7 +60,10 @@ export class Connection extends EventTarget {
       this.ws = null;
       const wasReady = this.ready !== null;
       this.ready = null;
-      this.emit("closed", { code: ev.code, reason: ev.reason, wasReady });
+      // A policy refusal (bad token, foreign origin) will not heal by itself: stop and say so.
+      const refused = ev.code === CLOSE_POLICY;
+      this.emit("closed", { code: ev.code, reason: ev.reason, wasReady, refused });
+      if (refused) this.stopped = true;
       if (!this.stopped) this.scheduleRetry(ev);
     };
     // onerror carries no detail in browsers; onclose always follows and does the work.
