@@ -1,0 +1,166 @@
+"""Starts and stops a `parley serve` subprocess for a benchmark, samples its CPU and memory, and describes
+the machine. Knows the CLI's command line and its "listening" line, not the protocol.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"Parley is listening on (http://\S+)")
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, sets: tuple[str, ...] = (),
+                 port: int = 0, timeout_s: float = 180.0) -> ServerProcess:
+    """`parley serve` on 127.0.0.1 (port 0: any free one); returns once it prints that it is listening."""
+    argv = [sys.executable, "-m", "web.cli"]
+    if config:
+        argv += ["--config", config]
+    for s in (f"server.port={port}", f"server.trace_log={trace_log}", "server.host=127.0.0.1", *sets):
+        argv += ["--set", s]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "w")  # noqa: SIM115  (the copier thread owns it)
+    proc = subprocess.Popen([*argv, "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    found = threading.Event()
+    url: list[str] = []
+    threading.Thread(target=_copy, args=(proc.stdout, log, url, found), daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not found.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"parley serve did not start (exit {proc.poll()}); see {log_path}")
+    return ServerProcess(proc, url[0], log_path)
+
+
+def _copy(stream: IO[str] | None, log: IO[str], url: list[str], found: threading.Event) -> None:
+    """Copy the server's output to its log; note the URL from the listening line."""
+    assert stream is not None
+    with log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            m = _LISTENING.search(line)
+            if m and not found.is_set():
+                url.append(m.group(1))
+                found.set()
+
+
+class ResourceSampler:
+    """CPU % (100 = one core) and peak RSS of one process between `start()` and `stop()`."""
+
+    def __init__(self, pid: int | None, interval_s: float = 0.5) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.cpu: list[float] = []
+        self.rss_mb: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.pid is None:
+            return
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float | None]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        mean = sum(self.cpu) / len(self.cpu) if self.cpu else None
+        return {"cpu_pct_mean": mean, "cpu_pct_max": max(self.cpu, default=None),
+                "rss_mb_max": max(self.rss_mb, default=None)}
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            proc = psutil.Process(self.pid)
+            proc.cpu_percent(None)
+            while not self._stop.wait(self.interval_s):
+                self.cpu.append(proc.cpu_percent(None))
+                self.rss_mb.append(proc.memory_info().rss / 2**20)
+        except psutil.NoSuchProcess:
+            return
+
+
+def machine() -> dict[str, object]:
+    """What the numbers ran on: CPU model, cores, memory, load average at the time."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        import psutil
+
+        mem_gib = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": mem_gib, "python": platform.python_version(),
+            "load_avg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The flags both benchmarks share: which server to talk to, or how to start one."""
+    p.add_argument("--server", help="URL of a running server (default: start `parley serve` on a free port)")
+    p.add_argument("--token", help="the server's token, if it needs one")
+    p.add_argument("--config", help="config file for the started server (default configs/default.yaml)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for the started server (repeatable)")
+    p.add_argument("--persona", help="persona to talk to (default: the server's)")
+
+
+def open_server(args: argparse.Namespace, out: Path, extra_sets: tuple[str, ...] = ()) -> tuple[str, ServerProcess | None, int | None]:
+    """(url, the started process or None, the server's pid for sampling or None) for `--server` or a fresh one."""
+    if args.server:
+        return args.server, None, pid_listening(urlsplit(args.server if "://" in args.server else "//" + args.server).port)
+    server = start_server(out.with_suffix(".traces.jsonl"), out.with_suffix(".server.log"), config=args.config,
+                          sets=(*extra_sets, *args.sets))
+    print(f"started parley serve at {server.url} (log {server.log_path})", flush=True)
+    return server.url, server, server.proc.pid
+
+
+def pid_listening(port: int | None) -> int | None:
+    """The local process listening on `port`, so a server started by hand can be sampled too."""
+    import psutil
+
+    if port is None:
+        return None
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return int(conn.pid)
+    except psutil.AccessDenied:
+        return None
+    return None

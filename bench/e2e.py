@@ -1,0 +1,112 @@
+"""Voice-to-voice benchmark: spoken prompts streamed in real time (20 ms frames) to a Parley server, one
+conversation, every turn.trace and the client-side latency recorded; prints median/p95 per stage, budget
+violations and transcript WER; writes a JSON file and a PNG chart.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/e2e.py [--server URL] [--prompts 16] [--tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from bench import _prompts, _stats  # noqa: E402
+from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
+from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(p)
+    p.add_argument("--prompts", type=int, default=16, help="how many corpus requests to speak (default 16)")
+    p.add_argument("--voices", default="piper,flite", help="voices that speak them, in turn (piper,flite)")
+    p.add_argument("--wav", action="append", default=[], metavar="FILE[=TEXT]",
+                   help="speak this WAV instead of the corpus (repeatable); TEXT is its words, for WER")
+    p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take (default 90)")
+    p.add_argument("--out", default="artifacts/bench/e2e.json", help="JSON results (default %(default)s)")
+    p.add_argument("--chart", default="artifacts/bench/e2e.png", help="PNG chart (default %(default)s); '' skips")
+    p.add_argument("--tiny", action="store_true", help="two prompts, the concise persona: a smoke test")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.prompts = 2
+        args.persona = args.persona or "concise"
+    return args
+
+
+def load_prompts(args: argparse.Namespace) -> list[Prompt]:
+    if args.wav:
+        return [_prompts.from_wav(*w.split("=", 1)) for w in args.wav]
+    return _prompts.corpus_prompts(args.prompts, tuple(args.voices.split(",")))
+
+
+async def converse(url: str, prompts: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[dict]]:
+    session = ScriptedSession(url, token=args.token, persona=args.persona, turn_timeout_s=args.turn_timeout)
+    turns = await session.run(prompts)
+    return turns, session.errors
+
+
+def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict]) -> dict:
+    summary = _stats.summarize(turns, budgets)
+    print("\nPer stage (server trace; client_v2v on the client clock)")
+    print(_stats.table(_stats.STAGE_HEADER, _stats.stage_rows(summary)))
+    over = _stats.violations(turns)
+    print("\nBudget violations (turns flagged over budget by the server): "
+          + (", ".join(f"{s} {n}" for s, n in over.most_common()) or "none"))
+    wer = _prompts.wer([t.prompt for t in turns], [t.transcript for t in turns])
+    print(f"Transcript WER: {'-' if wer is None else f'{wer:.3f}'} over {len(turns)} turns")
+    failed = [t for t in turns if t.error]
+    print(f"Turns without a trace or reply: {len(failed)}; server error messages: {len(errors)}")
+    for t in failed:
+        print(f"  turn {t.index + 1}: {t.error}")
+    print("\nPer turn")
+    rows = [[t.index + 1, t.voice, _stats.fmt_ms((t.trace or {}).get("stages_ms", {}).get("voice_to_voice")),
+             _stats.fmt_ms(t.client_v2v_ms), t.prompt[:34], t.transcript[:34]] for t in turns]
+    print(_stats.table(("#", "voice", "v2v ms", "client ms", "said", "heard"), rows))
+    return {"summary": summary, "violations": dict(over), "wer": wer, "failed_turns": len(failed),
+            "server_errors": errors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(args)
+    print(f"{len(prompts)} prompts, {sum(p.duration_ms for p in prompts) / 1000:.1f} s of speech", flush=True)
+    url, server, pid = open_server(args, out)
+    before = machine()
+    sampler = ResourceSampler(pid)
+    sampler.start()
+    try:
+        turns, errors = asyncio.run(converse(url, prompts, args))
+    finally:
+        resources = sampler.stop()
+        if server is not None:
+            server.stop()
+    budgets = next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
+    result = report(turns, budgets, errors)
+    result.update(machine=before, load_avg_after=machine()["load_avg"], server=url, budgets_ms=budgets,
+                  persona=args.persona, resources=resources, wall_s=round(time.monotonic() - t0, 1),
+                  argv=sys.argv[1:] if argv is None else argv, turns=[t.to_dict() for t in turns])
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out}", end="")
+    if args.chart:
+        from bench._chart import draw
+
+        title = (f"Parley voice-to-voice, {len(turns)} turns, {before['cores']} cores "
+                 f"(load {before['load_avg'][0]})")
+        print(f" and {draw(turns, result['summary'], budgets, Path(args.chart), title)}", end="")
+    print(f" in {result['wall_s']} s")
+    return 0 if turns and not result["failed_turns"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

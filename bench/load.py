@@ -1,0 +1,160 @@
+"""Concurrency benchmark: 1, 2, 4, 8, 16 sessions at once, each holding a spoken conversation in real time;
+per level voice_to_voice median/p95, errors, server CPU and memory; the most sessions that hold the budgets.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py [--server URL] [--levels 1,2,4,8,16] [--turns 3] [--tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from bench import _prompts, _stats  # noqa: E402
+from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
+from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
+from web.client.connection import ConnectError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(p)
+    p.add_argument("--levels", default="1,2,4,8,16", help="concurrent session counts (default %(default)s)")
+    p.add_argument("--turns", type=int, default=3, help="spoken turns per session (default 3)")
+    p.add_argument("--stagger", type=float, default=2.0,
+                   help="seconds over which a level's sessions join, so they do not all speak at once (default 2)")
+    p.add_argument("--level-timeout", type=float, default=110.0,
+                   help="seconds a level may run; unfinished turns count as errors (default 110)")
+    p.add_argument("--out", default="artifacts/bench/load.json", help="JSON results (default %(default)s)")
+    p.add_argument("--tiny", action="store_true", help="one level of two sessions, one turn each: a smoke test")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.levels, args.turns = "2", 1
+        args.persona = args.persona or "concise"
+    args.levels = [int(n) for n in str(args.levels).split(",")]
+    return args
+
+
+async def run_level(url: str, n: int, pool: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[str]]:
+    """`n` sessions at once; session i says pool[i*turns : (i+1)*turns] (wrapping), joining i*stagger/n s late."""
+    sessions = [ScriptedSession(url, session=i, token=args.token, persona=args.persona, turn_timeout_s=60.0)
+                for i in range(n)]
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * args.stagger / n)
+        prompts = [pool[(i * args.turns + k) % len(pool)] for k in range(args.turns)]
+        await sessions[i].run(prompts)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    done, pending = await asyncio.wait(tasks, timeout=args.level_timeout)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    errors: list[str] = [f"session {i}: level timeout" for i, t in enumerate(tasks) if t in pending]
+    for i, t in enumerate(tasks):
+        exc = None if t.cancelled() else t.exception()
+        if isinstance(exc, ConnectError):
+            errors.append(f"session {i}: {exc}")
+        elif exc is not None:
+            errors.append(f"session {i}: {exc!r}")
+    turns = [r for s in sessions for r in s.results]
+    errors += [f"session {r.session} turn {r.index + 1}: {r.error}" for r in turns if r.error]
+    errors += [f"session {s.session}: server error {e.get('code')}: {e.get('message')}" for s in sessions for e in s.errors]
+    missing = n * args.turns - len(turns)
+    if missing > 0:
+        errors.append(f"{missing} turns never spoken")
+    return turns, errors
+
+
+def wait_idle(url: str, timeout_s: float = 20.0) -> None:
+    """Between levels: wait until the server has no sessions and no busy engine slot, so levels do not overlap."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as r:
+                body = json.loads(r.read())
+            if body.get("sessions", 0) == 0 and not body.get("engine_slots"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
+def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str, Any], budgets: dict[str, float],
+              wall_s: float) -> dict[str, Any]:
+    summary = _stats.summarize(turns, budgets)
+    v2v, client = summary["voice_to_voice"], summary[_stats.CLIENT_V2V]
+    over_any = sum(1 for t in turns if t.trace and t.trace.get("over_budget"))
+    return {"sessions": n, "turns": len(turns), "errors": len(errors), "error_list": errors[:20],
+            "v2v_median": v2v.get("median"), "v2v_p95": v2v.get("p95"), "client_v2v_median": client.get("median"),
+            "client_v2v_p95": client.get("p95"), "turns_over_budget": over_any, "summary": summary,
+            "holds": not errors and _stats.holds_budget(v2v), "wall_s": round(wall_s, 1), **res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    need = min(max(args.levels) * args.turns, len(_prompts._corpus().REQUESTS))
+    pool = _prompts.corpus_prompts(need)
+    print(f"{len(pool)} distinct prompts; levels {args.levels}, {args.turns} turns a session", flush=True)
+    url, server, pid = open_server(args, out, (f"server.max_sessions={max(args.levels)}",))
+    before = machine()
+    rows: list[dict[str, Any]] = []
+    budgets: dict[str, float] = {}
+    try:
+        for n in args.levels:
+            wait_idle(url)
+            sampler = ResourceSampler(pid)
+            sampler.start()
+            t_level = time.monotonic()
+            turns, errors = asyncio.run(run_level(url, n, pool, args))
+            res = sampler.stop()
+            budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
+            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level))
+            r = rows[-1]
+            print(f"  {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
+                  f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {r['wall_s']} s", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    print_report(rows, budgets)
+    held = [r["sessions"] for r in rows if r["holds"]]
+    result = {"levels": rows, "max_sessions_within_budget": max(held, default=0), "budgets_ms": budgets,
+              "machine": before, "load_avg_after": machine()["load_avg"], "server": url, "persona": args.persona,
+              "turns_per_session": args.turns, "wall_s": round(time.monotonic() - t0, 1),
+              "argv": sys.argv[1:] if argv is None else argv}
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out} in {result['wall_s']} s")
+    return 0 if rows and all(r["turns"] for r in rows) else 1
+
+
+def print_report(rows: list[dict[str, Any]], budgets: dict[str, float]) -> None:
+    header = ("sessions", "turns", "v2v med", "v2v p95", "client med", "client p95", "over", "errors", "cpu %",
+              "rss MiB", "holds")
+    f = _stats.fmt_ms
+    table = [[r["sessions"], r["turns"], f(r["v2v_median"]), f(r["v2v_p95"]), f(r["client_v2v_median"]),
+              f(r["client_v2v_p95"]), r["turns_over_budget"], r["errors"], f(r["cpu_pct_mean"]), f(r["rss_mb_max"]),
+              "yes" if r["holds"] else "no"] for r in rows]
+    print(f"\nConcurrent sessions (ms; voice_to_voice budget {f(budgets.get('voice_to_voice'))} ms; "
+          "'over': turns with any stage over budget; cpu: server, 100 = one core)")
+    print(_stats.table(header, table))
+    held = [r["sessions"] for r in rows if r["holds"]]
+    print(f"Most sessions holding the voice_to_voice budget at p95 with no errors: {max(held, default=0)}")
+    for r in rows:
+        for e in r["error_list"][:3]:
+            print(f"  [{r['sessions']} sessions] {e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
