@@ -1,0 +1,56 @@
+"""Both benchmarks in their tiny modes against one real server on the embedded models, as subprocesses, so
+the scripts themselves keep working: two spoken prompts for e2e, two concurrent sessions for load."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._server import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, str(ROOT / "bench" / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    out, chart = tmp_path / "e2e.json", tmp_path / "e2e.png"
+    proc = run_script("e2e.py", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    turns = result["turns"]
+    assert [t["voice"] for t in turns] == ["piper", "flite"]
+    assert all(t["error"] is None and t["trace"] is not None for t in turns)
+    for t in turns:
+        marks = t["trace"]["marks_ms"]
+        assert marks["speech_end"] <= marks["endpoint"] <= marks["first_audio_sent"]
+        assert t["client_v2v_ms"] > 0
+    assert len({t["turn_id"] for t in turns}) == 2
+    assert result["summary"]["voice_to_voice"]["n"] == 2 and result["summary"]["client_v2v"]["n"] == 2
+    assert result["wer"] is not None and result["wer"] <= 0.3  # tiny.en hears Piper and flite nearly perfectly
+    assert result["budgets_ms"]["voice_to_voice"] > 0
+    assert chart.read_bytes()[:4] == b"\x89PNG"
+    assert "voice_to_voice" in proc.stdout and "Transcript WER" in proc.stdout
+
+
+def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    proc = run_script("load.py", "--tiny", "--server", real_server.url, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    (level,) = result["levels"]
+    assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, level["error_list"]
+    assert level["v2v_median"] > 0 and level["v2v_p95"] >= level["v2v_median"]
+    assert level["rss_mb_max"] > 100  # the server with its models loaded, found by its port
+    assert result["max_sessions_within_budget"] in (0, 2)
+    assert level["holds"] == (level["v2v_p95"] <= result["budgets_ms"]["voice_to_voice"])
+    assert "Concurrent sessions" in proc.stdout
