@@ -151,7 +151,7 @@ class Session:
     def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
         self._played_ms[turn_id] = played_ms
         reply = self._reply
-        if reply is not None and reply.turn_id == turn_id and reply.trace is not None and played_ms > 0:
+        if reply is not None and reply.turn_id == turn_id and reply.trace is not None:
             reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
         if turn_id in self._interrupted:  # the client reports how far it got after the clear: history follows
             old, index = self._interrupted[turn_id]
@@ -191,8 +191,18 @@ class Session:
 
     # -- listening ----------------------------------------------------------------------------------
 
-    async def _listen(self) -> None:
+    def _new_vad(self) -> Vad:
+        """Build and warm this session's VAD (a TorchScript model's first calls are slow) off the loop;
+        audio arriving meanwhile waits in the queue and is processed in order, with its arrival times."""
         vad = self.stages.make_vad()
+        silent = np.zeros(int(SAMPLE_RATE * vad.frame_ms / 1000), dtype=np.float32)
+        for _ in range(3):
+            vad.speech_prob(silent)
+        vad.reset()
+        return vad
+
+    async def _listen(self) -> None:
+        vad = await asyncio.to_thread(self._new_vad)
         s = self.settings
         framer = Framer(SAMPLE_RATE, vad.frame_ms)
         endpointer = Endpointer.for_vad(vad, s.vad_threshold, s.min_speech_ms, s.hangover_ms)

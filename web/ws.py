@@ -95,7 +95,7 @@ async def _safe_close(ws: WebSocket, code: int) -> None:
     if ws.application_state == WebSocketState.CONNECTED:
         try:
             await ws.close(code)
-        except (RuntimeError, OSError):  # closed by the client in the meantime
+        except (WebSocketDisconnect, RuntimeError, OSError):  # closed by the client in the meantime
             pass
 
 

@@ -1,0 +1,76 @@
+"""A real Parley server on the embedded models, started once per test session in a thread on an ephemeral
+127.0.0.1 port, plus a small websockets client. The config is a copy of the shipped one with test limits."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import yaml
+
+from web import runtime as rt
+from web.app import AppState, create_app
+from web.config import DEFAULT_CONFIG, AppConfig, load_config
+
+TOKEN = "test-token"
+
+
+@dataclass
+class LiveServer:
+    cfg: AppConfig
+    state: AppState
+    runtime: rt.Runtime
+    port: int
+    trace_log: Path
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ws_url(self, token: str | None = TOKEN) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws" + (f"?token={token}" if token else "")
+
+
+def write_test_config(root: Path, **server: Any) -> Path:
+    """configs/ copied to `root`, replies capped short (test runtime), barge-in at 200 ms."""
+    dst = root / "configs"
+    shutil.copytree(DEFAULT_CONFIG.parent, dst)
+    for name in ("assistant", "concise"):
+        path = dst / "personas" / f"{name}.yaml"
+        data = yaml.safe_load(path.read_text())
+        data["max_reply_tokens"] = 36 if name == "assistant" else 20
+        path.write_text(yaml.safe_dump(data))
+    data = yaml.safe_load((dst / "default.yaml").read_text())
+    data["vad"]["barge_in_min_speech_ms"] = 200
+    data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
+                           "idle_timeout_s": 30, **server})  # fmt: skip
+    (dst / "default.yaml").write_text(yaml.safe_dump(data))
+    return dst / "default.yaml"
+
+
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("server")
+    cfg = load_config(write_test_config(root))
+    runtime = rt.load(cfg)
+    rt.warm(runtime)
+    app = create_app(cfg, runtime=runtime)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           ws_max_size=cfg.server.max_message_bytes, lifespan="on"))  # fmt: skip
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), name="test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield LiveServer(cfg, app.state.parley, runtime, port, root / "traces.jsonl")
+    server.should_exit = True
+    thread.join(timeout=30)

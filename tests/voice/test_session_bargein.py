@@ -1,0 +1,107 @@
+"""Barge-in on fakes: speech during a reply cancels it (engine, TTS, queued audio) and history keeps what was
+heard; a short burst or a backchannel does not interrupt; closing mid-reply leaves nothing running."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fakes import FakeEngine, FakeTts, Harness, quiet, tone
+
+pytestmark = pytest.mark.timeout(60)
+
+LONG_REPLY = ("One two three four five six. " * 8).split()
+
+
+def long_engine() -> FakeEngine:
+    return FakeEngine(reply_words=LONG_REPLY, token_s=0.02)
+
+
+async def _until_reply_audio(h: Harness) -> int:
+    h.session.text_input("tell me a long story")
+    first = await h.wait_for("audio")
+    return first["turn_id"]
+
+
+async def test_speech_during_reply_clears_audio_cancels_everything_and_keeps_what_was_heard() -> None:
+    async with Harness(engine=long_engine(), tts=FakeTts(ms_per_word=150.0)) as h:
+        turn = await _until_reply_audio(h)
+        h.session.playback_mark(turn, 1000.0, 0)  # the client has played 1 s: 6 words of 150 ms
+        cleared = lambda: bool(h.of("response.audio.clear"))  # noqa: E731
+        start_ms = h.audio_ms
+        at_ms = await h.feed(tone(800), until=cleared)
+        assert at_ms is not None, "no response.audio.clear"
+        # the clear comes once the speech has lasted barge_in_min_speech_ms (300), within a frame or two
+        assert 300.0 <= at_ms - start_ms <= 340.0
+        done = await h.wait_for("response.done")
+        assert h.of("response.audio.clear")[0]["turn_id"] == turn == done["turn_id"]
+        assert done["interrupted"]
+        assert done["spoken_text"] == "One two three four five six."
+        assert h.session.history[-1] == ("assistant", "One two three four five six.")
+        # nothing of the cancelled turn is sent after the clear
+        clear_at = h.messages.index(h.of("response.audio.clear")[0])
+        assert not [m for m in h.messages[clear_at:] if m["type"] == "audio" and m["turn_id"] == turn]
+        await asyncio.sleep(0.1)
+        assert h.engine.cancelled == 1 and h.engine.finished[-1].reason == "cancelled"
+        assert h.tts.active == 0 and h.stages.tts_work.active == 0
+        assert len(h.engine.finished[-1:]) == 1 and h.engine.finished[-1].timings.decode_tokens < len(LONG_REPLY)
+        # the interrupting speech becomes the next turn
+        await h.feed(quiet(700))
+        trace = await h.wait_for("turn.trace", 2)
+        assert trace["turn_id"] == turn + 1 and "voice_to_voice" in trace["stages_ms"]
+        assert h.of("transcript.final")[-1]["turn_id"] == turn + 1
+
+
+async def test_without_playback_marks_history_keeps_the_audio_sent() -> None:
+    async with Harness(engine=long_engine(), tts=FakeTts(ms_per_word=150.0), audio_lead_ms=600.0) as h:
+        await _until_reply_audio(h)
+        await asyncio.sleep(0.3)
+        h.session.cancel_reply()
+        done = await h.wait_for("response.done")
+        sent_ms = sum(m["ms"] for m in h.of("audio"))
+        words = int(sent_ms // 150.0)
+        assert done["interrupted"] and 0 < words < len(LONG_REPLY)
+        assert done["spoken_text"].split() == LONG_REPLY[:words]
+        assert h.session.history[-1] == ("assistant", done["spoken_text"])
+        # a mark that arrives after the clear corrects the history to what was really played
+        h.session.playback_mark(done["turn_id"], 300.0, 0)
+        assert h.session.history[-1] == ("assistant", "One two")
+
+
+async def test_short_burst_and_backchannel_do_not_interrupt() -> None:
+    async with Harness(engine=FakeEngine(reply_words=LONG_REPLY[:18], token_s=0.01)) as h:
+        await _until_reply_audio(h)
+        await h.feed(tone(150))  # a 150 ms burst: starts speech (>=120 ms) but is under the 300 ms barge-in minimum
+        await h.feed(quiet(700))
+        await h.feed(tone(200))  # "uh-huh"
+        await h.feed(quiet(700))
+        done = await h.wait_for("response.done")
+        assert not done["interrupted"] and not h.of("response.audio.clear")
+        assert len(h.of("vad.speech_started")) == 2 and not h.of("transcript.final")
+        assert h.session.history == [("user", "tell me a long story"), ("assistant", done["text"])]
+
+
+async def test_typed_turn_during_a_reply_replaces_it() -> None:
+    async with Harness(engine=long_engine()) as h:
+        first = await _until_reply_audio(h)
+        h.session.text_input("stop, tell me something else")
+        second = await h.wait_for("response.done", 2)
+        done_first = h.of("response.done")[0]
+        assert done_first["turn_id"] == first and done_first["interrupted"]
+        assert second["turn_id"] == first + 1 and not second["interrupted"]
+        assert [m["turn_id"] for m in h.of("response.audio.clear")] == [first]
+        roles = [role for role, _ in h.session.history]
+        assert roles == ["user", "assistant", "user", "assistant"]
+
+
+async def test_closing_mid_reply_leaves_no_task_slot_or_tts_work() -> None:
+    h = Harness(engine=long_engine(), tts=FakeTts(ms_per_word=150.0, delay_s=0.01))
+    async with h:
+        await _until_reply_audio(h)
+        assert h.engine.active_slots() == 1
+    await asyncio.sleep(0.1)
+    assert h.engine.active_slots() == 0
+    assert h.tts.active == 0 and h.stages.tts_work.active == 0
+    assert h.engine.cancelled == 1
+    leftover = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Session.", "Reply."))]
+    assert leftover == []
