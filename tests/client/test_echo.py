@@ -39,7 +39,7 @@ def test_guard_holds_back_echo_and_learns_the_coupling() -> None:
     sent, barges = run_guard(guard, far, echo_of(far, 0.1))  # echo 20 dB below the speaker
     assert not any(barges)
     assert all(not s.any() for s in sent)  # only silence reached the server
-    assert -30.0 < guard.coupling_db < -18.0  # vs the loudest speaker block of the last 200 ms
+    assert -24.0 < guard.coupling_db < -18.0  # -20 dB, against the speaker's peak of the last 200 ms
 
 
 def test_guard_lets_loud_long_speech_interrupt_with_its_start() -> None:
@@ -50,7 +50,7 @@ def test_guard_lets_loud_long_speech_interrupt_with_its_start() -> None:
     sent, barges = run_guard(guard, far, echo_of(far, 0.1) + user)
     first = barges.index(True)
     assert sum(barges) == 1
-    assert 2.38 <= first * 0.02 <= 2.5  # after min_speech_ms = 400 ms of speech
+    assert 2.28 <= first * 0.02 <= 2.4  # after min_speech_ms = 300 ms of loud speech
     assert len(sent[first]) > BLOCK * 10  # held-back audio is released so recognition hears the start
     assert all(len(s) == BLOCK and s.any() for s in sent[first + 1:])  # then the microphone is open
 

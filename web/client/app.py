@@ -71,6 +71,7 @@ class DesktopClient:
         self._turn_rs: dict[int, Any] = {}
         self._reply_turn = -1
         self._marked: dict[int, float] = {}
+        self._typed: list[str] = []
         self.view.server = opts.url
         self.view.echo_mode = self.echo.mode
         self.view.push_to_talk = opts.push_to_talk
@@ -102,6 +103,7 @@ class DesktopClient:
             await self.set_persona(names[(names.index(current) + 1) % len(names)])
 
     async def send_text(self, text: str) -> None:
+        self._typed.append(text)  # labels the next reply's latency row (a typed turn has no transcript)
         await self._send_quiet(InputText(type="input.text", text=text))
 
     # ---- main loop ----
@@ -190,11 +192,13 @@ class DesktopClient:
         while True:
             block, capture_s = await self._mic.queue.get()
             near = self._in_rs.resample_chunk(block) if self.audio.input_rate != SEND_RATE else block
+            if not len(near):  # the resampler holds back its first few samples
+                continue
             cap = self.echo.capture(np.asarray(near, np.float32), self.jitter.playing())
             if cap.barge_in:
                 await self.interrupt()
-            if not self.jitter.playing():
-                self.voiced.update(cap.audio[-len(near):], capture_s, SEND_RATE)
+            # after echo handling, so the assistant's own voice does not count as the user's
+            self.voiced.update(cap.audio[-len(near):], capture_s, SEND_RATE)
             audio = cap.audio if self.talking else np.zeros_like(cap.audio)
             pcm16 = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
             for i in range(0, len(pcm16), SEND_RATE * 2):  # at most 1 s a message
@@ -283,6 +287,9 @@ class DesktopClient:
         elif kind == "response.text.delta":
             if turn_id != self._reply_turn:
                 self._reply_turn, view.reply = turn_id, ""
+                row = self.latency.get(turn_id)
+                if self._typed and (row is None or not row.user_text):
+                    self.latency.on_typed(turn_id, self._typed.pop(0))
             view.reply += msg["text"]
         elif kind == "response.audio.clear":
             self.jitter.clear(turn_id)

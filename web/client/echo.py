@@ -78,6 +78,8 @@ class WebRtcAec:
         self._far.push(far)
 
     def capture(self, near: np.ndarray, speaking: bool) -> Capture:
+        if not len(near):
+            return Capture(near, False)
         far = self._far.take(len(near))
         clean = self._aec.process(np.asarray(near, np.float32), far)
         return Capture(np.asarray(clean, np.float32), False)
@@ -85,10 +87,10 @@ class WebRtcAec:
 
 @dataclass(frozen=True)
 class GuardConfig:
-    margin_db: float = 10.0  # speech must beat the expected echo by this much
+    margin_db: float = 8.0  # speech must beat the expected echo by this much
     floor_dbfs: float = -40.0  # and be at least this loud
-    min_speech_ms: int = 400  # for this long (louder AND longer than the server's barge-in rule)
-    window_ms: int = 600  # ... counted over this window, so short pauses between syllables count
+    min_speech_ms: int = 300  # loud for this long (the server's barge-in rule asks 300 ms of any speech)
+    window_ms: int = 800  # ... counted over this window: words have gaps, and echo fills some of them
     tail_ms: int = 250  # the room and the device still echo after the last sample
     preroll_ms: int = 800  # held-back audio released on barge-in so recognition hears the start
 
@@ -96,8 +98,8 @@ class GuardConfig:
 class HalfDuplexGuard:
     """While the assistant speaks the microphone is replaced by silence, unless the user speaks
     clearly louder than the learnt echo for `min_speech_ms`: then the held audio is released and
-    the client interrupts. The echo coupling (mic dB minus speaker dB) is learnt from blocks that
-    do not look like the user, starting from 0 dB (echo as loud as the speaker)."""
+    the client interrupts. The echo coupling (mic dB minus the speaker's recent peak dB) is learnt
+    from blocks that do not look like the user, starting from 0 dB (echo as loud as the speaker)."""
 
     mode: EchoMode = "guard"
 
@@ -115,6 +117,20 @@ class HalfDuplexGuard:
     def render(self, far: np.ndarray) -> None:
         self._far.push(far)
 
+    def _learn(self, near_db: float, far_db: float) -> None:
+        """Track the loud end of (mic dB - speaker dB): echo between words is much quieter than the
+        speaker's recent peak, and an average would let the next word's echo through. So rise
+        faster than fall; a block more than 3 dB over the estimate is taken for the user, not echo,
+        and ignored (else talking over the assistant would teach the guard to ignore the user). A
+        near-silent microphone teaches nothing."""
+        if far_db <= -60.0 or near_db <= self.cfg.floor_dbfs - 20.0:
+            return
+        ratio = near_db - far_db
+        if ratio > self.coupling_db + 3.0:
+            return
+        rate = 0.1 if ratio > self.coupling_db else 0.02
+        self.coupling_db = min(max(self.coupling_db + rate * (ratio - self.coupling_db), -40.0), 6.0)
+
     def capture(self, near: np.ndarray, speaking: bool) -> Capture:
         block_ms = len(near) * 1000 / RATE
         far = self._far.take(len(near))
@@ -131,11 +147,7 @@ class HalfDuplexGuard:
         far_db = max(self._far_db)
         expected = far_db + self.coupling_db
         loud = near_db >= max(self.cfg.floor_dbfs, expected + self.cfg.margin_db)
-        # Looks like echo alone: learn the coupling. A near-silent microphone teaches nothing (it
-        # would drag the estimate down and let the next echo through), hence the level check.
-        if far_db > -60.0 and self.cfg.floor_dbfs - 20.0 < near_db < expected + 6.0:
-            self.coupling_db += 0.1 * (near_db - far_db - self.coupling_db)
-            self.coupling_db = min(max(self.coupling_db, -40.0), 6.0)
+        self._learn(near_db, far_db)
         self._loud.append(loud)
         self._held.append(near)
         needed = self.cfg.min_speech_ms / self._block_ms

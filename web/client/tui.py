@@ -58,7 +58,7 @@ def latency_table(turns: list[TurnLatency], budgets_ms: dict[str, float], last: 
                          min_width=max(len(name), 5))
     table.add_column("mic→ear", justify="right", no_wrap=True, min_width=7)
     for row in turns[-last:]:
-        label = f"{row.user_text}{' (interrupted)' if row.interrupted else ''}"
+        label = (row.user_text or "(greeting)") + (" (interrupted)" if row.interrupted else "")
         cells = [_ms(row.stages_ms.get(s), budgets_ms.get(s)) for s in STAGE_COLUMNS]
         table.add_row(str(row.turn_id), label, *cells, _ms(row.mic_to_ear_ms))
     return table

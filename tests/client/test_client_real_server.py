@@ -1,0 +1,242 @@
+"""The desktop client against the REAL server on the embedded models, audio I/O injected:
+a spoken turn (latency table printed), barge-in, persona switch, reconnect after a restart.
+
+One `parley serve` subprocess for the module (~30 s to load the models); the reconnect test
+restarts it and runs last.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from rich.console import Console
+
+from conftest import wait_for
+from web import desktop
+from web.client.app import ClientOptions, DesktopClient
+from web.client.audio_io import ArrayAudioIO
+from web.client.tui import latency_table
+
+pytestmark = pytest.mark.slow
+OUT_RATE = 44100  # the fake speaker's rate: the client resamples the server's 22.05 kHz to it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`python -m web.cli serve` on a fixed port, so a restarted server is found at the same address."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.workdir = workdir
+        self.trace_log = workdir / "traces.jsonl"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        self.starts += 1
+        log = open(self.workdir / f"server{self.starts}.log", "wb")
+        cmd = [sys.executable, "-m", "web.cli", "--set", f"server.port={self.port}",
+               "--set", f"server.trace_log={self.trace_log}", "serve"]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"parley serve exited: {(self.workdir / f'server{self.starts}.log').read_text()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("parley serve did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    pytest.importorskip("web.server")
+    proc = ServerProcess(tmp_path_factory.mktemp("parley-server"))
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def question() -> tuple[np.ndarray, int]:
+    from audio_corpus import speak_piper
+
+    audio, rate = speak_piper("What is the capital of France?")
+    return np.concatenate([audio, np.zeros(rate // 2, np.float32)]), rate
+
+
+def make_client(server: ServerProcess, **kw: Any) -> tuple[DesktopClient, ArrayAudioIO]:
+    audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE)
+    return DesktopClient(ClientOptions(url=server.url, echo=kw.pop("echo", "off"), **kw), audio), audio
+
+
+def of(client: DesktopClient, kind: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in client.events if e["type"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+async def heard_greeting(client: DesktopClient) -> None:
+    """The server greets each new session (turn 1); wait until it has been played out."""
+    await wait_for(lambda: bool(of(client, "response.done", turn_id=1)), 60, "greeting")
+    await wait_for(lambda: not client.jitter.playing(), 30, "greeting played")
+
+
+async def test_spoken_turn_and_latency_table(server: ServerProcess, question: tuple[np.ndarray, int],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    client, audio = make_client(server)
+    runner = asyncio.create_task(desktop.run_with_terminal(client))
+    await wait_for(client.ready.is_set, 20, "session.ready")
+    await heard_greeting(client)
+    before = len(audio.played())
+    audio.say(*question)
+    await wait_for(lambda: bool(of(client, "turn.trace", turn_id=2)), 90, "trace of the spoken turn")
+    await wait_for(lambda: not client.jitter.playing() and client.jitter.status(2) is not None, 30, "reply played")
+    await asyncio.sleep(0.4)  # the final playback.mark
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
+
+    final = of(client, "transcript.final", turn_id=2)[0]["text"].lower()
+    assert "capital" in final and "france" in final
+    done = of(client, "response.done", turn_id=2)[0]
+    assert done["text"] and not done["interrupted"] and client.view.reply == done["text"]
+    reply_audio = audio.played()[before:]
+    assert np.count_nonzero(np.abs(reply_audio) > 0.01) / OUT_RATE > 0.5  # the reply was heard
+    trace = of(client, "turn.trace", turn_id=2)[0]
+    assert "playback_start" in trace["marks_ms"]  # our playback.mark reached the server's trace
+    row = client.latency.get(2)
+    assert row is not None and row.stages_ms["voice_to_voice"] == trace["stages_ms"]["voice_to_voice"]
+    # mic-to-ear covers the server's endpointing wait at least, and a voice turn is not slower than 30 s here
+    assert row.mic_to_ear_ms is not None and trace["stages_ms"]["endpointing"] < row.mic_to_ear_ms < 30000
+    out = capsys.readouterr().out
+    table = out[out.rindex("latency per turn (ms)"):]
+    assert f"{trace['stages_ms']['voice_to_voice']:.0f}" in table and f"{row.mic_to_ear_ms:.0f}" in table
+    text = io.StringIO()
+    Console(file=text, width=120).print(latency_table(client.view.turns, client.view.budgets_ms))
+    print(text.getvalue())  # shown with -s: the numbers of this run
+
+
+async def test_barge_in_stops_the_greeting_at_once(server: ServerProcess, question: tuple[np.ndarray, int]) -> None:
+    client, audio = make_client(server, persona="storyteller")  # the longest greeting (~4 s)
+    runner = asyncio.create_task(client.run())
+    await wait_for(client.ready.is_set, 20, "session.ready")
+    await wait_for(lambda: (s := client.jitter.status(1)) is not None and s.played_ms > 800, 30, "greeting playing")
+    audio.say(*question)  # the user talks over the assistant
+    await wait_for(lambda: bool(of(client, "response.audio.clear", turn_id=1)), 30, "response.audio.clear")
+    cleared_at = len(audio.played())
+    await wait_for(lambda: bool(of(client, "response.done", turn_id=1)), 10, "interrupted done")
+    done = of(client, "response.done", turn_id=1)[0]
+    assert done["interrupted"] and len(done["spoken_text"]) < len(done["text"])
+    await wait_for(lambda: bool(of(client, "transcript.final", turn_id=2)), 60, "the interrupting turn")
+    played_after = audio.played()[cleared_at + OUT_RATE // 50: cleared_at + OUT_RATE // 2]
+    assert not np.any(np.abs(played_after) > 0.01)  # silent from the next block on
+    status = client.jitter.status(1)
+    assert status is not None and status.finished and status.played_ms < 4000
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
+
+
+@pytest.mark.parametrize("mode", ["off", "guard", "aec"])
+async def test_echo_of_the_greeting_does_not_interrupt_it(server: ServerProcess, mode: str) -> None:
+    """A laptop without headphones: the speaker leaks into the microphone at -6 dB, 60 ms later.
+    Without echo handling the server hears its own voice and cuts itself off (the control case)."""
+    if mode == "aec":
+        pytest.importorskip("pywebrtc_audio")
+    audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE, echo_gain=0.5, echo_delay_ms=60)
+    client = DesktopClient(ClientOptions(url=server.url, persona="storyteller", echo=mode), audio)  # type: ignore[arg-type]
+    runner = asyncio.create_task(client.run())
+    await wait_for(lambda: bool(of(client, "response.done", turn_id=1)), 60, "greeting done")
+    await wait_for(lambda: not client.jitter.playing(), 30, "greeting played")
+    await asyncio.sleep(0.6)  # a late barge-in would show up now
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
+    done = of(client, "response.done", turn_id=1)[0]
+    assert done["interrupted"] is (mode == "off")
+    assert (len(of(client, "vad.speech_started")) > 0) is (mode == "off")
+
+
+async def test_guard_lets_a_loud_user_interrupt_over_the_echo(server: ServerProcess,
+                                                                question: tuple[np.ndarray, int]) -> None:
+    """Half-duplex guard, speaker leaking into the microphone: a user clearly louder than the echo
+    interrupts from the client (response.cancel), and recognition still hears the whole question."""
+    audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE, echo_gain=0.5, echo_delay_ms=60)
+    client = DesktopClient(ClientOptions(url=server.url, persona="storyteller", echo="guard"), audio)
+    runner = asyncio.create_task(client.run())
+    await wait_for(lambda: (s := client.jitter.status(1)) is not None and s.played_ms > 800, 60, "greeting playing")
+    speech, rate = question
+    audio.say(np.clip(speech * 3.0, -1.0, 1.0), rate)  # "louder": about 10 dB over the echo
+    await wait_for(lambda: bool(of(client, "response.done", turn_id=1)), 30, "greeting ended")
+    assert of(client, "response.done", turn_id=1)[0]["interrupted"]
+    await wait_for(lambda: bool(of(client, "transcript.final", turn_id=2)), 60, "the interrupting turn")
+    final = of(client, "transcript.final", turn_id=2)[0]["text"].lower()
+    assert "capital" in final and "france" in final  # the held-back start of the question was released
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
+
+
+async def test_persona_switch(server: ServerProcess) -> None:
+    client, _ = make_client(server)
+    runner = asyncio.create_task(client.run())
+    await wait_for(client.ready.is_set, 20, "session.ready")
+    assert client.view.persona == "assistant"
+    await client.set_persona("concise")
+    await wait_for(lambda: client.view.persona == "concise", 10, "session.updated")
+    await client.send_text("What is two plus two?")
+    await wait_for(lambda: bool([t for t in of(client, "turn.trace") if t.get("input") == "text"]), 60, "typed turn")
+    trace = [t for t in of(client, "turn.trace") if t.get("input") == "text"][0]
+    assert trace["persona"] == "concise"
+    row = client.latency.get(trace["turn_id"])
+    assert row is not None and row.user_text == "What is two plus two?"
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
+
+
+async def test_reconnects_after_server_restart(server: ServerProcess) -> None:
+    client, _ = make_client(server, persona="concise")
+    runner = asyncio.create_task(client.run())
+    await wait_for(client.ready.is_set, 20, "session.ready")
+    first_session = client.info.session_id if client.info else ""
+    await asyncio.to_thread(server.stop)
+    await wait_for(lambda: client.view.state == "reconnecting", 10, "reconnecting")
+    await asyncio.to_thread(server.start)
+    await wait_for(lambda: client.connects == 2 and client.ready.is_set(), 30, "reconnected")
+    assert client.info is not None and client.info.session_id != first_session
+    assert client.info.persona == "concise"  # the new session starts with the persona the user had
+    await client.send_text("Hello again.")
+    await wait_for(lambda: bool([t for t in of(client, "turn.trace") if t.get("input") == "text"]), 60, "turn after restart")
+    client.stop()
+    assert await asyncio.wait_for(runner, 10) == 0
