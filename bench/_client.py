@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,8 @@ class ScriptedSession:
     """One conversation: `await run(prompts)` speaks each prompt after the previous reply has finished playing."""
 
     def __init__(self, server: str, *, session: int = 0, token: str | None = None, persona: str | None = None,
-                 voice: str | None = None, turn_timeout_s: float = 60.0, gap_ms: float = 400.0) -> None:
+                 voice: str | None = None, turn_timeout_s: float = 60.0, gap_ms: float = 400.0,
+                 on_result: Callable[[TurnResult], None] | None = None) -> None:
         self.url = ws_url(server)
         self.session = session
         self.token = token
@@ -89,6 +90,7 @@ class ScriptedSession:
         self.voice = voice
         self.turn_timeout_s = turn_timeout_s
         self.gap_ms = gap_ms  # silence between the reply's end and the next question: a person's pause
+        self.on_result = on_result  # progress: called with each finished turn
         self.info: ServerInfo | None = None
         self.errors: list[dict[str, Any]] = []  # the server's `error` messages
         self.results: list[TurnResult] = []  # grows turn by turn, so a cancelled run keeps what it finished
@@ -109,6 +111,8 @@ class ScriptedSession:
             await self._greeting()
             for i, prompt in enumerate(prompts):
                 self.results.append(await self._turn(i, prompt))
+                if self.on_result is not None:
+                    self.on_result(self.results[-1])
             return self.results
         finally:
             self._closed = True

@@ -59,6 +59,12 @@ def holds_budget(row: Mapping[str, Any]) -> bool:
     return row.get("n", 0) > 0 and row.get("budget") is not None and row["p95"] <= row["budget"]
 
 
+def slowest_stage(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The pipeline stage (not the voice_to_voice total) with the largest median."""
+    medians = {s: summary[s]["median"] for s in STAGES[:-1] if summary.get(s, {}).get("n")}
+    return max(medians, key=lambda s: medians[s]) if medians else None
+
+
 def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 

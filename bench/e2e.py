@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take (default 90)")
     p.add_argument("--out", default="artifacts/bench/e2e.json", help="JSON results (default %(default)s)")
     p.add_argument("--chart", default="artifacts/bench/e2e.png", help="PNG chart (default %(default)s); '' skips")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for the README)")
     p.add_argument("--tiny", action="store_true", help="two prompts, the concise persona: a smoke test")
     args = p.parse_args(argv)
     if args.tiny:
@@ -48,15 +49,24 @@ def load_prompts(args: argparse.Namespace) -> list[Prompt]:
 
 
 async def converse(url: str, prompts: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[dict]]:
-    session = ScriptedSession(url, token=args.token, persona=args.persona, turn_timeout_s=args.turn_timeout)
+    session = ScriptedSession(url, token=args.token, persona=args.persona, turn_timeout_s=args.turn_timeout,
+                              on_result=progress)
     turns = await session.run(prompts)
     return turns, session.errors
 
 
-def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict]) -> dict:
+def progress(t: TurnResult) -> None:
+    v2v = (t.trace or {}).get("stages_ms", {}).get("voice_to_voice")
+    print(f"  turn {t.index + 1}: voice_to_voice {_stats.fmt_ms(v2v)} ms, client {_stats.fmt_ms(t.client_v2v_ms)} ms"
+          f"{', ' + t.error if t.error else ''}", flush=True)
+
+
+def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict], md: bool) -> dict:
+    table = _stats.markdown if md else _stats.table
     summary = _stats.summarize(turns, budgets)
     print("\nPer stage (server trace; client_v2v on the client clock)")
-    print(_stats.table(_stats.STAGE_HEADER, _stats.stage_rows(summary)))
+    print(table(_stats.STAGE_HEADER, _stats.stage_rows(summary)))
+    print(f"Slowest stage (largest median): {_stats.slowest_stage(summary) or '-'}")
     over = _stats.violations(turns)
     print("\nBudget violations (turns flagged over budget by the server): "
           + (", ".join(f"{s} {n}" for s, n in over.most_common()) or "none"))
@@ -69,7 +79,7 @@ def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict
     print("\nPer turn")
     rows = [[t.index + 1, t.voice, _stats.fmt_ms((t.trace or {}).get("stages_ms", {}).get("voice_to_voice")),
              _stats.fmt_ms(t.client_v2v_ms), t.prompt[:34], t.transcript[:34]] for t in turns]
-    print(_stats.table(("#", "voice", "v2v ms", "client ms", "said", "heard"), rows))
+    print(table(("#", "voice", "v2v ms", "client ms", "said", "heard"), rows))
     return {"summary": summary, "violations": dict(over), "wer": wer, "failed_turns": len(failed),
             "server_errors": errors}
 
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
     budgets = next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
-    result = report(turns, budgets, errors)
+    result = report(turns, budgets, errors, args.markdown)
     result.update(machine=before, load_avg_after=machine()["load_avg"], server=url, budgets_ms=budgets,
                   persona=args.persona, resources=resources, wall_s=round(time.monotonic() - t0, 1),
                   argv=sys.argv[1:] if argv is None else argv, turns=[t.to_dict() for t in turns])

@@ -7,7 +7,7 @@ import pytest
 
 from bench._chart import draw, waterfall
 from bench._client import TurnResult
-from bench._stats import CLIENT_V2V, holds_budget, percentile, stage_rows, summarize, violations
+from bench._stats import CLIENT_V2V, holds_budget, percentile, slowest_stage, stage_rows, summarize, violations
 
 BUDGETS = {"asr": 300.0, "voice_to_voice": 1000.0}
 
@@ -38,6 +38,8 @@ def test_summary_counts_turns_over_each_budget_and_the_client_clock_uses_the_v2v
     assert violations(turns) == {"asr": 1, "voice_to_voice": 1}
     assert not holds_budget(s["voice_to_voice"]) and holds_budget({"n": 2, "budget": 10, "p95": 10})
     assert [r[0] for r in stage_rows(s)] == ["asr", "voice_to_voice", CLIENT_V2V]
+    assert slowest_stage(s) == "asr"  # the only pipeline stage with values; the total never counts
+    assert slowest_stage({}) is None
 
 
 def test_waterfall_starts_at_speech_end_and_clamps_marks_that_came_early() -> None:
