@@ -11,6 +11,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from web.config import AppConfig
 
@@ -60,7 +61,7 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
     from web.client.app import ClientOptions, DesktopClient
     from web.client.audio_io import NoAudioDevice, SoundDeviceIO
     from web.client.connection import ws_url
-    from web.client.echo import aec_available
+    from web.client.echo import EchoMode, aec_available
 
     try:
         url = ws_url(args.server)
@@ -70,7 +71,7 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
     if args.persona and args.persona not in cfg.personas:
         print(f"parley client: note: {args.persona!r} is not a persona in the local config; "
               "the server decides", file=sys.stderr)
-    echo = "off" if args.headphones else args.echo
+    echo: EchoMode | Literal["auto"] = "off" if args.headphones else args.echo
     if echo == "aec" and not aec_available():
         print("parley client: --echo aec needs the pywebrtc-audio package (pip install pywebrtc-audio)",
               file=sys.stderr)
@@ -89,9 +90,9 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
         return 0
 
 
-def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> list[int]:
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> list[signal.Signals]:
     """Ctrl-C and SIGTERM end the client cleanly (devices closed, latency table printed)."""
-    installed = []
+    installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop)

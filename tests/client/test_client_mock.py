@@ -171,3 +171,45 @@ async def test_wrong_token_is_rejected_without_retry(refusal: str) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_push_to_talk_sends_only_while_talking_and_talking_interrupts(mock: tuple[MockState, int]) -> None:
+    state, port = mock
+    state.reply_s = 5.0
+    client, audio = make_client(port, push_to_talk=True)
+    task = await started(client)
+    audio.say(speechlike(0.6), 16000)
+    await wait_for(audio.mic_idle.is_set, what="speech played into the microphone")
+    await asyncio.sleep(0.5)
+    assert not [e for e in client.events if e["type"] == "vad.speech_started"]  # not talking: silence was sent
+    assert state.audio_bytes > 0  # ... but the stream went on, so the server's endpointing keeps time
+    client.set_talking(True)
+    audio.say(speechlike(0.6), 16000)
+    await wait_for(lambda: client.jitter.playing(), what="reply")
+    client.set_talking(False)
+    client.set_talking(True)  # pressing talk while the assistant speaks interrupts it
+    await wait_for(lambda: state.cancels == 1, what="response.cancel")
+    assert not client.jitter.playing()
+    assert await finish(client, task) == 0
+
+
+def test_file_backed_audio_io_plays_a_wav_and_saves_the_speaker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import soundfile as sf
+
+    from web.client.audio_io import file_audio_io, save_played
+
+    sf.write(tmp_path / "mic.wav", np.stack([speechlike(0.2, 8000)] * 2, axis=1), 8000)  # stereo, 8 kHz
+    io = file_audio_io(tmp_path / "mic.wav", input_rate=16000, output_rate=16000, echo_gain=0.5, echo_delay_ms=40)
+    mic: list[np.ndarray] = []
+    io.start(lambda block, t: mic.append(block), lambda n: np.full(n, 0.2, np.float32))
+    time.sleep(0.4)
+    io.stop()
+    heard = np.concatenate(mic)
+    assert io.mic_idle.is_set() and rms(heard[:3200]) > 0.05  # the file, resampled to 16 kHz
+    tail = heard[3200 + 640:]
+    assert np.allclose(tail, 0.1, atol=1e-6)  # then only the speaker's echo: 0.2 * 0.5
+    save_played(io, tmp_path / "out.wav")
+    out, rate = sf.read(tmp_path / "out.wav", dtype="float32")
+    assert rate == 16000 and np.allclose(out, 0.2, atol=1e-4)

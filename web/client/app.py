@@ -272,8 +272,9 @@ class DesktopClient:
             self.info = ServerInfo.from_ready(msg)
             self._on_ready(self.info)
         elif kind == "session.updated":  # the answer to session.update
-            view.persona = self.persona = msg.get("persona") or self.persona
-            view.voice = self.voice = msg.get("voice") or self.voice
+            self.persona = str(msg.get("persona") or self.persona)
+            self.voice = str(msg.get("voice") or self.voice)
+            view.persona, view.voice = self.persona, self.voice
         elif kind == "vad.speech_started":
             view.state, view.partial = "listening", ""
         elif kind == "vad.speech_ended":
@@ -295,7 +296,7 @@ class DesktopClient:
             self.jitter.clear(turn_id)
         elif kind == "response.done":
             self._flush_turn(turn_id)
-            view.reply = msg.get("spoken_text") if msg.get("interrupted") else msg.get("text", view.reply)
+            view.reply = str(msg.get("spoken_text" if msg.get("interrupted") else "text") or "")
             self.latency.on_done(turn_id, bool(msg.get("interrupted")))
         elif kind == "turn.trace":
             self.latency.on_trace(turn_id, msg.get("stages_ms", {}), msg.get("budgets_ms", {}),
