@@ -1,7 +1,8 @@
 """Engine: the one dedicated thread that owns the model, the KV cache and every request's progress.
 
-submit() returns an EngineStream of events; work is scheduled by RoundRobinScheduler (pure policy)
-one unit at a time. It knows nothing about asyncio, sockets or audio: callers bridge events themselves.
+submit() returns an EngineStream of events. Continuous batching: each step runs one prompt chunk of the
+earliest admitted request and one batched decode forward over every other running request, as planned by
+BatchScheduler (pure policy). It knows nothing about asyncio, sockets or audio: callers bridge events themselves.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from llm_engine.batch import DecodeRow, decode_batch
 from llm_engine.generation import Generation
 from llm_engine.kv_cache import SlotTable, StaticKVCache
 from llm_engine.model import Transformer
@@ -28,7 +30,7 @@ from llm_engine.request import (
     Timings,
     TokenEvent,
 )
-from llm_engine.scheduler import RoundRobinScheduler
+from llm_engine.scheduler import BatchScheduler, StepPlan
 from llm_engine.tokenizer import Tokenizer
 
 __all__ = [
@@ -79,7 +81,6 @@ class _Job:
     on_event: EventCallback | None
     gen: Generation
     slot: int | None = None
-    prefilled: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,15 @@ class _Release:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, max_slots: int = 8, max_seq_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        max_slots: int = 8,
+        max_seq_len: int | None = None,
+        prefill_chunk: int = 128,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -99,7 +108,10 @@ class Engine:
             cfg.num_layers, max_slots, cfg.num_kv_heads, self.max_seq_len, cfg.head_dim, dtype=dtype, device=self.device
         )
         self.slots = SlotTable(max_slots)
-        self.scheduler = RoundRobinScheduler()
+        # Batch bound = slots: every running request holds one. A prompt chunk of 128 tokens costs the
+        # running requests about one extra decode step's time on the 2-core CPU, then they move on.
+        self.scheduler = BatchScheduler(max_batch=max_slots, chunk_tokens=prefill_chunk)
+        self.steps = 0  # engine steps that did work (a prompt chunk and/or one batched decode)
         self._jobs: dict[int, _Job] = {}
         self._inbox: queue.Queue[object] = queue.Queue()
         self._ids = itertools.count(1)
@@ -163,26 +175,48 @@ class Engine:
     def _wake(self) -> None:
         self._inbox.put("wake")
 
+    def step(self) -> StepPlan | None:
+        """Run one engine step on the caller's thread, for an engine that was never started (tests count steps).
+
+        -> what ran, or None when there was nothing to do.
+        """
+        if self._thread is not None:
+            raise RuntimeError("the engine thread is running: it owns the steps")
+        with torch.inference_mode():
+            return self._iterate(block=False)
+
     # -- engine thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stopping:
                 # Block only when nothing can run; otherwise just pick up what arrived.
-                block = not self.scheduler.running()
-                try:
-                    self._handle(self._inbox.get(block=block))
-                    while True:
-                        self._handle(self._inbox.get_nowait())
-                except queue.Empty:
-                    pass
-                self._reap_cancelled()
-                self._admit()
-                job_id = self.scheduler.next_step()
-                if job_id is not None:
-                    self._work(self._jobs[job_id])
+                self._iterate(block=not self.scheduler.running())
             for job in list(self._jobs.values()):
                 self._emit(job, job.gen.cancel())
+
+    def _iterate(self, block: bool) -> StepPlan | None:
+        try:
+            self._handle(self._inbox.get(block=block))
+            while True:
+                self._handle(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if self._stopping:
+            return None
+        self._reap_cancelled()
+        self._admit()
+        plan = self.scheduler.plan()
+        if plan.prefill is None and not plan.decode:
+            return None
+        self.steps += 1
+        if plan.prefill is not None:
+            self._prefill(self._jobs[plan.prefill], plan.prefill_tokens)
+        # A callback of this step may have cancelled or ended someone: they sit this forward out.
+        batch = [self._jobs[j] for j in plan.decode if j in self._jobs and not self._jobs[j].stream.cancelled.is_set()]
+        if batch:
+            self._decode(batch)
+        return plan
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, _Job):
@@ -204,6 +238,8 @@ class Engine:
     def _admit(self) -> None:
         busy_sessions = {self._jobs[j].req.session_id for j in self.scheduler.running()}
         for job_id in self.scheduler.queued():
+            if not self.scheduler.has_room():
+                return
             job = self._jobs[job_id]
             if job.req.session_id in busy_sessions:
                 continue  # one request per session at a time: they share the slot's cache
@@ -215,20 +251,45 @@ class Engine:
             busy_sessions.add(job.req.session_id)
             self.scheduler.start(job_id)
 
-    def _work(self, job: _Job) -> None:
+    def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None
         state = self.slots.slots[job.slot]
         try:
-            if not job.prefilled:
-                job.prefilled = True
-                events = job.gen.prefill(self.model, self.cache, job.slot, state)
-            else:
-                events = job.gen.step(self.model, self.cache, job.slot, state)
+            events = job.gen.prefill(self.model, self.cache, job.slot, state, max_tokens)
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
-            state.tokens = []  # the cache rows may be half-written: trust none of them
-            events = [ErrorEvent(f"{type(exc).__name__}: {exc}")]
-            job.gen.finished = True
+            events = self._fail(job, exc)
+        if job.gen.prefilled and not job.gen.finished:
+            self.scheduler.prefill_done(job.id)
         self._emit(job, events)
+
+    def _decode(self, batch: list[_Job]) -> None:
+        """One forward for every row of the batch, then each request samples from its own row."""
+        rows = []
+        for job in batch:
+            assert job.slot is not None
+            token, pos = job.gen.decode_input(self.slots.slots[job.slot])
+            rows.append(DecodeRow(job.slot, token, pos))
+        t0 = time.perf_counter()
+        try:
+            logits = decode_batch(self.model, self.cache, rows, self.device)  # [B, V]
+        except Exception as exc:  # noqa: BLE001 - every row of the failed forward learns why
+            for job in batch:
+                self._emit(job, self._fail(job, exc))
+            return
+        step_ms = 1000 * (time.perf_counter() - t0)
+        for i, job in enumerate(batch):
+            assert job.slot is not None
+            try:
+                events = job.gen.take_logits(logits[i], self.cache, self.slots.slots[job.slot], step_ms)
+            except Exception as exc:  # noqa: BLE001 - one request's sampling error must not end the others
+                events = self._fail(job, exc)
+            self._emit(job, events)
+
+    def _fail(self, job: _Job, exc: Exception) -> list[Event]:
+        assert job.slot is not None
+        self.slots.slots[job.slot].tokens = []  # the cache rows may be half-written: trust none of them
+        job.gen.finished = True
+        return [ErrorEvent(f"{type(exc).__name__}: {exc}")]
 
     def _emit(self, job: _Job, events: list[Event]) -> None:
         if job.id not in self._jobs:

@@ -52,53 +52,74 @@ class Generation:
         self.generated: list[int] = []
         self.pending: int | None = None  # sampled but not yet fed through the model
         self.timings = Timings()
+        self.prefilled = False  # the whole prompt is in the cache and the first token was sampled
+        self._prefill_started = False
         self.finished = False
 
     # -- units of work, each returns the events it produced ---------------------------------------
 
-    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState) -> list[Event]:
+    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState, max_tokens: int = PREFILL_CHUNK) -> list[Event]:
+        """Run the next chunk (at most max_tokens) of the prompt; the last chunk also samples the first token.
+
+        Chunks let the scheduler interleave a long prompt with other requests' decode steps.
+        prefill_ms counts this request's own forwards, not the decode steps interleaved between its chunks.
+        """
         t0 = time.perf_counter()
-        reserve = min(self.params.max_new_tokens, cache.max_seq_len // 4)
-        fitted = fit_messages(self.tok, self.req.messages, cache.max_seq_len - max(reserve, 1))
-        if fitted is None:
-            return self._finish("context", queue_s=t0)
-        ids, _ = fitted
-        # Keep at least the last prompt token to run: its logits choose the first reply token.
-        reused = min(common_prefix_len(state.tokens, ids), len(ids) - 1)
-        state.tokens = ids[:reused]
-        for start in range(reused, len(ids), PREFILL_CHUNK):
-            chunk = ids[start : start + PREFILL_CHUNK]
-            tokens = torch.tensor([chunk], device=self.device)  # [1, T]
-            pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
-            logits = model(tokens, pos, cache, [slot], "last", kv_len=start + len(chunk))  # [1, 1, V]
-            state.tokens.extend(chunk)
-        self.prompt = ids
-        t1 = time.perf_counter()
-        self.timings = replace(
-            self.timings,
-            queue_ms=1000 * (t0 - self.submitted_s),
-            prefill_ms=1000 * (t1 - t0),
-            prefill_tokens=len(ids) - reused,
-            reused_tokens=reused,
-        )
+        if not self._prefill_started:
+            self._prefill_started = True
+            reserve = min(self.params.max_new_tokens, cache.max_seq_len // 4)
+            fitted = fit_messages(self.tok, self.req.messages, cache.max_seq_len - max(reserve, 1))
+            if fitted is None:
+                return self._finish("context", queue_s=t0)
+            self.prompt, _ = fitted
+            # Keep at least the last prompt token to run: its logits choose the first reply token.
+            reused = min(common_prefix_len(state.tokens, self.prompt), len(self.prompt) - 1)
+            state.tokens = self.prompt[:reused]
+            self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused)
+        start = len(state.tokens)
+        chunk = self.prompt[start : start + max(1, min(max_tokens, PREFILL_CHUNK))]
+        tokens = torch.tensor([chunk], device=self.device)  # [1, T]
+        pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
+        logits = model(tokens, pos, cache, [slot], "last", kv_len=start + len(chunk))  # [1, 1, V]
+        state.tokens.extend(chunk)
+        self.timings = replace(self.timings, prefill_ms=self.timings.prefill_ms + 1000 * (time.perf_counter() - t0))
+        if len(state.tokens) < len(self.prompt):
+            return []
+        self.prefilled = True
+        self.timings = replace(self.timings, prefill_tokens=len(self.prompt) - self.timings.reused_tokens)
         if self.params.max_new_tokens <= 0:
             return self._finish("length")
         return self._accept(sample(logits[0, -1], self.params, self.generator, self._history()), cache, state)
 
-    def step(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState) -> list[Event]:
+    def decode_input(self, state: SlotState) -> tuple[int, int]:
+        """-> (token to feed, its position): the row this request adds to the step's batched forward."""
+        assert self.pending is not None and self.prefilled
+        return self.pending, len(state.tokens)
+
+    def take_logits(self, logits: torch.Tensor, cache: StaticKVCache, state: SlotState, step_ms: float) -> list[Event]:
+        """logits [V]: this request's row of a batched decode forward that fed `pending` -> sample the next token."""
         assert self.pending is not None
-        t0 = time.perf_counter()
-        pos = len(state.tokens)
-        tokens = torch.tensor([[self.pending]], device=self.device)  # [1, 1]
-        logits = model(tokens, torch.tensor([[pos]], device=self.device), cache, [slot], "last", kv_len=pos + 1)
         state.tokens.append(self.pending)
-        token = sample(logits[0, -1], self.params, self.generator, self._history())
+        token = sample(logits, self.params, self.generator, self._history())
         self.timings = replace(
-            self.timings,
-            decode_tokens=self.timings.decode_tokens + 1,
-            decode_ms=self.timings.decode_ms + 1000 * (time.perf_counter() - t0),
+            self.timings, decode_tokens=self.timings.decode_tokens + 1, decode_ms=self.timings.decode_ms + step_ms
         )
         return self._accept(token, cache, state)
+
+    def take_tokens(self, tokens: Sequence[int], cache: StaticKVCache, state: SlotState, step_ms: float) -> list[Event]:
+        """Tokens a speculative step emitted after feeding `pending`; all but the last were fed to the model too."""
+        assert self.pending is not None and tokens
+        events: list[Event] = []
+        share_ms = step_ms / len(tokens)
+        for token in tokens:
+            state.tokens.append(self.pending)
+            self.timings = replace(
+                self.timings, decode_tokens=self.timings.decode_tokens + 1, decode_ms=self.timings.decode_ms + share_ms
+            )
+            events += self._accept(token, cache, state)
+            if self.finished:
+                break
+        return events
 
     def cancel(self) -> list[Event]:
         return [] if self.finished else self._finish("cancelled")

@@ -1,18 +1,38 @@
-"""Scheduler policy: which queued request gets a slot next and which running request takes the next step.
+"""Scheduler policy for continuous batching: who gets admitted, whose prompt chunk runs, who decodes this step.
 
-Pure bookkeeping over request ids (FIFO admission, round-robin steps); it knows nothing about models,
-tensors or threads, so continuous batching can replace it by returning several ids per step.
+Pure bookkeeping over request ids (FIFO admission, bounded batch, one prefill chunk per step beside one
+batched decode of every running request); it knows nothing about models, tensors, slots or threads.
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 
-class RoundRobinScheduler:
-    def __init__(self) -> None:
+@dataclass(frozen=True)
+class StepPlan:
+    prefill: int | None  # the job whose next prompt chunk runs this step: the earliest admitted one
+    prefill_tokens: int  # at most this many prompt tokens in that chunk
+    decode: tuple[int, ...]  # every job past its prefill, decoded together in one batched forward
+
+
+class BatchScheduler:
+    """Jobs move queued -> prefilling -> decoding -> removed.
+
+    Why nobody starves: admission is FIFO; the prefilling job admitted first always gets the step's chunk, so
+    a prompt of P tokens reaches its first token within ceil(P / chunk_tokens) steps of its turn; and every
+    decoding job advances by one token every step, because a prompt chunk is capped while others decode.
+    """
+
+    def __init__(self, *, max_batch: int, chunk_tokens: int = 128, solo_chunk_tokens: int = 512) -> None:
+        if max_batch < 1 or chunk_tokens < 1 or solo_chunk_tokens < chunk_tokens:
+            raise ValueError("need max_batch >= 1 and 1 <= chunk_tokens <= solo_chunk_tokens")
+        self.max_batch = max_batch
+        self.chunk_tokens = chunk_tokens  # while others decode: bounds how long their next token waits
+        self.solo_chunk_tokens = solo_chunk_tokens  # nobody decoding: bigger chunks, fewer forwards
         self._queued: deque[int] = deque()
-        self._running: list[int] = []
-        self._cursor = 0
+        self._prefilling: list[int] = []  # admission order
+        self._decoding: list[int] = []  # order they finished prefill
 
     def enqueue(self, job_id: int) -> None:
         self._queued.append(job_id)
@@ -22,26 +42,33 @@ class RoundRobinScheduler:
         return list(self._queued)
 
     def running(self) -> list[int]:
-        return list(self._running)
+        return self._prefilling + self._decoding
+
+    def decoding(self) -> list[int]:
+        return list(self._decoding)
+
+    def has_room(self) -> bool:
+        return len(self._prefilling) + len(self._decoding) < self.max_batch
 
     def start(self, job_id: int) -> None:
+        """Admitted (it holds a slot now): its prompt is next to run."""
+        if not self.has_room():
+            raise RuntimeError("batch is full")
         self._queued.remove(job_id)
-        self._running.append(job_id)
+        self._prefilling.append(job_id)
+
+    def prefill_done(self, job_id: int) -> None:
+        """Its first token is out: from the next step on it decodes with the batch."""
+        self._prefilling.remove(job_id)
+        self._decoding.append(job_id)
 
     def remove(self, job_id: int) -> None:
-        if job_id in self._queued:
-            self._queued.remove(job_id)
-        elif job_id in self._running:
-            i = self._running.index(job_id)
-            self._running.pop(i)
-            if i < self._cursor:
-                self._cursor -= 1
+        for group in (self._queued, self._prefilling, self._decoding):
+            if job_id in group:
+                group.remove(job_id)
+                return
 
-    def next_step(self) -> int | None:
-        """The running request that takes the next unit of work (one prefill or one decode step)."""
-        if not self._running:
-            return None
-        self._cursor %= len(self._running)
-        job = self._running[self._cursor]
-        self._cursor += 1
-        return job
+    def plan(self) -> StepPlan:
+        prefill = self._prefilling[0] if self._prefilling else None
+        tokens = self.chunk_tokens if self._decoding else self.solo_chunk_tokens
+        return StepPlan(prefill, tokens if prefill is not None else 0, tuple(self._decoding))

@@ -1,27 +1,49 @@
-"""Pure cores: round-robin scheduling policy, slot ownership with LRU eviction, the static cache's indexing."""
+"""Pure cores: the continuous-batching scheduler policy, slot ownership with LRU eviction, the static cache's indexing."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len
-from llm_engine.scheduler import RoundRobinScheduler
+from llm_engine.scheduler import BatchScheduler, StepPlan
 
 
-def test_round_robin_over_running_jobs_in_fifo_admission_order():
-    s = RoundRobinScheduler()
-    for j in (1, 2, 3):
+def test_fifo_admission_and_one_batched_decode_of_everyone_past_prefill():
+    s = BatchScheduler(max_batch=3, chunk_tokens=16, solo_chunk_tokens=64)
+    for j in (1, 2, 3, 4):
         s.enqueue(j)
-    assert s.queued() == [1, 2, 3]
+    assert s.queued() == [1, 2, 3, 4]
+    assert s.plan() == StepPlan(None, 0, ())  # nothing admitted, nothing to run
     s.start(1)
     s.start(2)
-    assert [s.next_step() for _ in range(4)] == [1, 2, 1, 2]
+    assert s.plan() == StepPlan(1, 64, ())  # nobody decodes yet: the big chunk
+    s.prefill_done(1)
+    assert s.plan() == StepPlan(2, 16, (1,))  # 1 decodes: 2's prompt comes in small chunks beside it
     s.start(3)
-    assert [s.next_step() for _ in range(3)] == [3, 1, 2]
-    s.remove(1)  # a finished job leaves without skipping anyone's turn
-    assert [s.next_step() for _ in range(3)] == [3, 2, 3]
-    s.remove(2)
+    assert not s.has_room()
+    with pytest.raises(RuntimeError):
+        s.start(4)  # the batch is bounded
+    assert s.plan().prefill == 2  # the earliest admitted prompt keeps the chunk: 3 waits its turn, 2 never starves
+    s.prefill_done(2)
+    assert s.plan() == StepPlan(3, 16, (1, 2))
+    s.prefill_done(3)
+    assert s.plan() == StepPlan(None, 0, (1, 2, 3))
+    assert s.running() == [1, 2, 3] and s.decoding() == [1, 2, 3]
+    s.remove(2)  # finished or cancelled: the others keep decoding
+    assert s.plan().decode == (1, 3) and s.has_room()
+    s.start(4)
+    assert s.queued() == [] and s.plan() == StepPlan(4, 16, (1, 3))
+    s.remove(4)  # cancelled during its prefill
+    s.remove(1)
     s.remove(3)
-    assert s.next_step() is None
+    assert s.plan() == StepPlan(None, 0, ()) and s.running() == []
+
+
+def test_scheduler_rejects_nonsense_bounds():
+    with pytest.raises(ValueError):
+        BatchScheduler(max_batch=0)
+    with pytest.raises(ValueError):
+        BatchScheduler(max_batch=2, chunk_tokens=64, solo_chunk_tokens=32)
 
 
 def test_slot_is_kept_by_its_session_and_lru_idle_slot_is_evicted():
