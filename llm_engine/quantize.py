@@ -1,0 +1,225 @@
+"""Weight-only int8 (per output channel) and int4 (group-wise, asymmetric) Linear layers, and the swap.
+
+Each layer keeps its codes once and picks the fastest correct kernel per call (torch's int8/int4 pack
+matmuls for few rows, dequantize+matmul for many). It knows nothing about files or the engine
+(GGUF blocks come in through gguf_quant.py).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Scheme = Literal["none", "int8", "int4"]
+SCHEMES: tuple[str, ...] = ("none", "int8", "int4")
+
+# Above this many rows (prefill, long verify) the CPU pack kernels lose to dequantize+matmul
+# (measured on the 2-core Xeon: at 64 rows int4pack is ~25x slower than fp32 matmul, at 1-8 rows it wins).
+KERNEL_MAX_ROWS = 8
+_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def kernel_dtype(device: torch.device) -> torch.dtype:
+    # Both pack kernels are vectorised for bfloat16 only (fp32 on CPU is ~10x slower than plain fp32 matmul).
+    return torch.bfloat16
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, lead: torch.Size) -> torch.Tensor:
+    """y [M, N] -> [*lead, N] with the bias added."""
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.view(*lead, y.shape[-1])
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x @ (q * scale)^T + b with q int8 [N, K], scale [N] (symmetric, one scale per output channel)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, *, use_kernel: bool = True) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight.to(torch.int8).contiguous())  # [N, K]
+        self.register_buffer("scales", scales.float().contiguous())  # [N]
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.use_kernel = use_kernel
+        self._kscales: torch.Tensor | None = None  # scales in the kernel's dtype, on the kernel's device
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, use_kernel: bool = True) -> "Int8WeightOnlyLinear":
+        w = weight.detach().float()  # [N, K]
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(q, scales, bias, use_kernel=use_kernel).to(weight.device)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.qweight.to(dtype) * self.scales.to(dtype)[:, None]  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.use_kernel and x2.shape[0] <= KERNEL_MAX_ROWS:
+            kd = kernel_dtype(x.device)
+            if self._kscales is None or self._kscales.device != x.device:
+                self._kscales = self.scales.to(device=x.device, dtype=kd)
+            y = torch._weight_int8pack_mm(x2.to(kd), self.qweight, self._kscales).to(x.dtype)
+        else:
+            y = F.linear(x2, self.dequantize(x.dtype))
+        return _finish(y, self.bias, lead)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
+
+
+def pick_inner_k_tiles(in_features: int) -> int:
+    for tiles in (8, 4, 2):
+        if in_features % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"int4 needs in_features divisible by 32, got {in_features}")
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """y = x @ W^T + b with W[n, k] = q[n, k] * scale[n, g] + minimum[n, g], q in 0..15, g = k // group_size.
+
+    This is exactly llama.cpp's Q4_1 block (group 32, scale d, minimum m), so Q4_1 loads without rounding.
+    Codes are stored two per byte, low nibble = even k; the kernel layout is built per device on first use.
+    """
+
+    def __init__(
+        self,
+        codes: torch.Tensor,  # [N, K] uint8 in 0..15
+        scales: torch.Tensor,  # [N, K // group_size]
+        minimums: torch.Tensor,  # [N, K // group_size]
+        group_size: int,
+        bias: torch.Tensor | None = None,
+        *,
+        use_kernel: bool = True,
+    ) -> None:
+        super().__init__()
+        n, k = codes.shape
+        if k % group_size or group_size % 2:
+            raise ValueError(f"in_features {k} must be a multiple of group_size {group_size} (even)")
+        self.out_features, self.in_features, self.group_size = n, k, group_size
+        c = codes.to(torch.uint8)
+        self.register_buffer("packed", (c[:, 0::2] | (c[:, 1::2] << 4)).contiguous())  # [N, K/2]
+        self.register_buffer("scales", scales.float().contiguous())  # [N, G]
+        self.register_buffer("minimums", minimums.float().contiguous())  # [N, G]
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.use_kernel = use_kernel
+        self._kernel: tuple[torch.device, torch.Tensor, torch.Tensor] | None = None  # device, weight, scales_and_zeros
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, group_size: int = 32, use_kernel: bool = True
+    ) -> "Int4WeightOnlyLinear":
+        n, k = weight.shape
+        w = weight.detach().float().view(n, k // group_size, group_size)  # [N, G, gs]
+        lo, hi = w.amin(-1), w.amax(-1)  # [N, G]
+        scales = ((hi - lo) / 15.0).clamp(min=1e-12)
+        codes = torch.round((w - lo[..., None]) / scales[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+        return cls(codes, scales, lo, group_size, bias, use_kernel=use_kernel).to(weight.device)
+
+    def codes(self) -> torch.Tensor:
+        """-> [N, K] uint8 in 0..15."""
+        return torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(self.out_features, self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k, gs = self.out_features, self.in_features, self.group_size
+        q = self.codes().view(n, k // gs, gs).to(dtype)  # [N, G, gs]
+        return (q * self.scales.to(dtype)[..., None] + self.minimums.to(dtype)[..., None]).view(n, k)
+
+    def _kernel_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._kernel is None or self._kernel[0] != device:
+            q = self.codes().to(torch.int32)  # [N, K]
+            tiles = pick_inner_k_tiles(self.in_features)
+            if device.type == "cpu":
+                weight = torch._convert_weight_to_int4pack_for_cpu(q, tiles)
+            else:
+                # The CUDA converter takes two codes per byte with the even k in the high nibble.
+                hi_lo = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8).to(device)
+                weight = torch._convert_weight_to_int4pack(hi_lo, tiles)
+            # tinygemm dequantizes (q - 8) * scale + zero, so zero = minimum + 8 * scale.
+            zeros = self.minimums + 8.0 * self.scales  # [N, G]
+            sz = torch.stack([self.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
+            self._kernel = (device, weight, sz.to(device=device, dtype=kernel_dtype(device)))
+        return self._kernel[1], self._kernel[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        # The CUDA tinygemm kernel has no row limit worth keeping; the CPU one loses beyond a few rows.
+        if self.use_kernel and (x.device.type == "cuda" or x2.shape[0] <= KERNEL_MAX_ROWS):
+            weight, sz = self._kernel_tensors(x.device)
+            kd = kernel_dtype(x.device)
+            if x.device.type == "cpu":
+                y = torch._weight_int4pack_mm_for_cpu(x2.to(kd), weight, self.group_size, sz)
+            else:
+                y = torch._weight_int4pack_mm(x2.to(kd), weight, self.group_size, sz)
+            y = y.to(x.dtype)
+        else:
+            y = F.linear(x2, self.dequantize(x.dtype))
+        return _finish(y, self.bias, lead)
+
+    def kernel_bytes(self) -> int:
+        """Bytes one decode step reads for this layer: 4-bit codes plus the scale/zero table."""
+        return self.packed.numel() + self.scales.numel() * 2 * 2
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={self.use_kernel}"
+
+
+QuantLinear = Int8WeightOnlyLinear | Int4WeightOnlyLinear
+
+
+def quantize_linear(linear: nn.Linear, scheme: Scheme, *, group_size: int = 32, use_kernel: bool = True) -> nn.Module:
+    if scheme == "int8":
+        return Int8WeightOnlyLinear.from_float(linear.weight, linear.bias, use_kernel=use_kernel)
+    if scheme == "int4":
+        return Int4WeightOnlyLinear.from_float(linear.weight, linear.bias, group_size=group_size, use_kernel=use_kernel)
+    raise ValueError(f"quant scheme must be one of {SCHEMES}, got {scheme!r}")
+
+
+def quantize_model(
+    model: nn.Module,
+    scheme: Scheme,
+    *,
+    group_size: int = 32,
+    use_kernel: bool = True,
+    replacements: dict[str, nn.Module] | None = None,
+) -> nn.Module:
+    """Swap the projection Linears of every block in place; embeddings and the (tied) head stay as they are.
+
+    `replacements` maps a module path ("layers.3.mlp.up_proj") to a ready quantized layer (GGUF blocks);
+    the rest are quantized from their float weights. Returns the same model.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"quant scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme == "none":
+        return model
+    replacements = replacements or {}
+    for path, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name not in _LINEAR_NAMES or not isinstance(child, nn.Linear):
+                continue
+            full = f"{path}.{child_name}" if path else child_name
+            new = replacements.get(full) or quantize_linear(child, scheme, group_size=group_size, use_kernel=use_kernel)
+            if child.bias is not None and new.bias is None:
+                new.bias = child.bias.detach().clone()  # GGUF keeps biases as separate float tensors
+            setattr(module, child_name, new.to(child.weight.device))
+    return model
+
+
+def weight_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: every projection plus the output head (not the embedding rows)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Int4WeightOnlyLinear):
+            total += m.kernel_bytes()
+        elif isinstance(m, Int8WeightOnlyLinear):
+            total += m.qweight.numel() + m.scales.numel() * 2
+        elif isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    head = getattr(model, "lm_head", None)
+    if head is None and hasattr(model, "embed_tokens"):
+        total += model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return total
