@@ -13,7 +13,7 @@ from voice.vad import Endpointer, SileroVad, SpeechEnded, SpeechStarted, Vad, We
 
 TOLERANCE_MS = 100.0
 LEAD_MS, GAP_MS, TAIL_MS = 700.0, 1500.0, 1200.0
-CLIPS = [0, 3, 6, 9, 12, 15, 18, 21]  # corpus indices: eight requests per voice
+PAIRS = [(i, i + 1) for i in range(0, 22, 2)]  # the whole corpus, two requests per clip
 
 
 def make_vad(kind: str, silero_path) -> Vad:
@@ -46,7 +46,7 @@ def test_speech_start_and_end_within_100_ms(kind, voice, silero_path, corpus_pip
     clips = corpus_piper if voice == "piper" else corpus_flite
     vad = make_vad(kind, silero_path)
     errors = []
-    for i, j in zip(CLIPS[0::2], CLIPS[1::2]):
+    for i, j in PAIRS:
         audio, truth = layout(clips[i], clips[j])
         events = [e for e in endpoint_events(vad, audio) if isinstance(e, (SpeechStarted, SpeechEnded))]
         got = [(s.t_ms, e.t_ms) for s, e in zip(events[0::2], events[1::2])]
@@ -91,3 +91,13 @@ def test_backends_reject_wrong_frame_sizes(silero_path):
         WebRtcVad().speech_prob(np.zeros(512, dtype=np.float32))
     with pytest.raises(ValueError):
         WebRtcVad(frame_ms=32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["silero", "webrtc"])
+def test_reset_makes_a_reused_backend_behave_like_a_new_one(kind, silero_path, corpus_flite):
+    audio, _ = layout(corpus_flite[16], corpus_flite[17])
+    vad = make_vad(kind, silero_path)
+    first = endpoint_events(vad, audio)
+    endpoint_events(vad, corpus.white_noise(3000, level=0.2))  # adapt its state to something else
+    assert endpoint_events(vad, audio) == first  # endpoint_events() resets before each stream
