@@ -22,6 +22,7 @@ RATE = 16000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 _SILENCE = bytes(FRAME_SAMPLES * 2)
+MAX_FRAMES_PER_MESSAGE = 25  # 500 ms: well inside the protocol's 1 s a message
 GREETING_WAIT_S = 3.0  # a greeting's first message comes well within this, even on a busy CPU
 
 
@@ -99,6 +100,7 @@ class ScriptedSession:
         self._last_voiced_sent_s: float | None = None
         self._turns: dict[int, _Turn] = {}
         self._traces: list[int] = []  # turn ids in the order their traces arrived
+        self._max_turn_id = -1  # the highest turn id any server message has named so far
         self._play_until_s = 0.0  # when the player will have played every reply sample received so far
         self._changed = asyncio.Event()
         self._closed = False
@@ -113,6 +115,8 @@ class ScriptedSession:
                 self.results.append(await self._turn(i, prompt))
                 if self.on_result is not None:
                     self.on_result(self.results[-1])
+                if self.results[-1].error is not None:
+                    break  # a late reply would land in the next turn: the rest of this conversation is not spoken
             return self.results
         finally:
             self._closed = True
@@ -122,7 +126,7 @@ class ScriptedSession:
             await self._conn.close()
 
     async def _turn(self, index: int, prompt: Prompt) -> TurnResult:
-        seen = len(self._traces)
+        floor = self._max_turn_id  # every turn named before this prompt belongs to an earlier one
         end_frame = min(len(prompt.audio) // FRAME_SAMPLES, int(prompt.speech_end_ms * RATE / 1000) // FRAME_SAMPLES)
         for k, i in enumerate(range(0, len(prompt.audio), FRAME_SAMPLES)):
             frame = pcm16(prompt.audio[i : i + FRAME_SAMPLES])
@@ -130,12 +134,12 @@ class ScriptedSession:
         self._last_voiced_sent_s = None
         error: str | None = None
         try:
-            await self._wait(lambda: len(self._traces) > seen, self.turn_timeout_s)
+            await self._wait(lambda: self._trace_after(floor) is not None, self.turn_timeout_s)
         except TimeoutError:
             error = f"no turn.trace within {self.turn_timeout_s:.0f} s"
         except ConnectionLost as exc:
             error = f"connection lost: {exc}"
-        turn_id = self._traces[seen] if len(self._traces) > seen else None
+        turn_id = self._trace_after(floor)
         turn = self._turns.get(turn_id, _Turn()) if turn_id is not None else _Turn()
         sent = self._last_voiced_sent_s
         v2v = None if turn.first_audio_s is None or sent is None else 1000.0 * (turn.first_audio_s - sent)
@@ -146,6 +150,9 @@ class ScriptedSession:
                 error = f"reply did not finish: {exc!r}"
         return TurnResult(self.session, index, prompt.text, prompt.voice, turn_id, turn.final or "", turn.reply,
                           v2v, turn.trace, error)
+
+    def _trace_after(self, floor: int) -> int | None:
+        return next((t for t in self._traces if t > floor), None)
 
     async def _greeting(self) -> None:
         """Listen to the persona's greeting, if it has one (it starts at once), before the first question."""
@@ -169,16 +176,20 @@ class ScriptedSession:
                 await self._changed.wait()
 
     async def _microphone(self) -> None:
-        """20 ms a frame on the wall clock, like a browser's capture worklet; silence when nobody speaks."""
+        """20 ms a frame on the wall clock, like a browser's capture worklet; silence when nobody speaks.
+
+        When this loop falls behind (a busy CPU), the frames now due go out as one message, as a browser's
+        queued worklet messages would, rather than as a burst the server's rate limit refuses."""
         assert self._conn is not None
         t0 = time.perf_counter()
         sent = 0
         while True:
-            frame, last_voiced = self._frames.popleft() if self._frames else (_SILENCE, False)
-            await self._conn.send_audio(frame)
-            if last_voiced:
+            due = min(MAX_FRAMES_PER_MESSAGE, max(1, int((time.perf_counter() - t0) * 1000 / FRAME_MS) - sent))
+            batch = [self._frames.popleft() if self._frames else (_SILENCE, False) for _ in range(due)]
+            await self._conn.send_audio(b"".join(frame for frame, _ in batch))
+            if any(last for _, last in batch):
                 self._last_voiced_sent_s = time.perf_counter()
-            sent += 1
+            sent += due
             ahead_s = t0 + sent * FRAME_MS / 1000.0 - time.perf_counter()
             if ahead_s > 0:
                 await asyncio.sleep(ahead_s)
@@ -201,6 +212,7 @@ class ScriptedSession:
     async def _on_audio(self, raw: bytes, now: float) -> None:
         assert self.info is not None and self._conn is not None
         turn_id, _seq, pcm = unpack_audio(raw)
+        self._max_turn_id = max(self._max_turn_id, turn_id)
         turn = self._turns.setdefault(turn_id, _Turn())
         if turn.first_audio_s is None:
             turn.first_audio_s = now
@@ -216,6 +228,7 @@ class ScriptedSession:
         turn_id = msg.get("turn_id")
         if turn_id is None:
             return
+        self._max_turn_id = max(self._max_turn_id, int(turn_id))
         turn = self._turns.setdefault(int(turn_id), _Turn())
         if kind == "transcript.final":
             turn.final = str(msg["text"])

@@ -34,15 +34,16 @@ async def test_two_turns_in_one_conversation() -> None:
     assert session.errors == []
 
 
-async def test_a_turn_the_server_never_answers_is_an_error_not_a_hang() -> None:
+async def test_a_turn_the_server_never_answers_is_an_error_and_ends_the_conversation() -> None:
     state = MockState()
     server = await start_mock(state)
     try:
         silent = Prompt("nothing", "silence", np.zeros(RATE // 2, np.float32), 0.0)
-        results = await ScriptedSession(f"127.0.0.1:{port_of(server)}", turn_timeout_s=1.5).run([silent])
+        results = await ScriptedSession(f"127.0.0.1:{port_of(server)}", turn_timeout_s=1.5).run([silent, silent])
     finally:
         server.close()
         await server.wait_closed()
+    # the conversation stops there: a reply arriving late would otherwise be taken for the next turn's
     assert len(results) == 1 and results[0].turn_id is None and results[0].trace is None
     assert results[0].error is not None and "no turn.trace" in results[0].error
     assert results[0].client_v2v_ms is None
