@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
 apt_pkgs=(libportaudio2)
-[ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver)
+# flite/espeak-ng speak test audio, chromium drives the browser tests, pulseaudio gives the
+# desktop client a virtual sound card.
+[ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver pulseaudio pulseaudio-utils libasound2-plugins)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

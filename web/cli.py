@@ -38,7 +38,13 @@ def _load(args: argparse.Namespace) -> AppConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # The desktop client parses its own flags: pass through everything argparse does not know.
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "client":
+        args.rest = [*args.rest, *unknown]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         cfg = _load(args)
     except ConfigError as exc:
