@@ -56,7 +56,7 @@ class Outbox:
         self._items.append(OutAudio(turn_id, seq, pcm16, on_sent))
         self._ready.set()
 
-    def clear(self, turn_id: int) -> None:
+    def clear(self, turn_id: int, **fields: Any) -> None:
         """Drop the turn's queued audio, ignore its later audio, and send `response.audio.clear` first in line."""
         self._cleared.add(turn_id)
         kept: deque[Outgoing] = deque()
@@ -65,7 +65,7 @@ class Outbox:
                 self._audio_room.release()
             else:
                 kept.append(item)
-        kept.appendleft(OutJson({"type": "response.audio.clear", "turn_id": turn_id}))
+        kept.appendleft(OutJson({"type": "response.audio.clear", "turn_id": turn_id, **fields}))
         self._items = kept
         self._ready.set()
 

@@ -224,7 +224,7 @@ class Session:
                     voiced_ms = frame.end_ms - utt.start_ms
                     if utt.during_reply and not utt.barged and voiced_ms >= s.barge_in_min_speech_ms:
                         utt.barged = True
-                        self._interrupt()
+                        self._interrupt(t_ms=frame.end_ms)
 
     def _on_vad(self, event: object, preroll: deque[np.ndarray]) -> None:
         if isinstance(event, SpeechStarted):
@@ -375,12 +375,13 @@ class Session:
     async def _fixed(text: str) -> AsyncIterator[str]:
         yield text
 
-    def _interrupt(self) -> None:
-        """Barge-in or cancel: drop queued audio (the client is told to drop its own) and cancel the reply."""
+    def _interrupt(self, t_ms: float | None = None) -> None:
+        """Barge-in or cancel: drop queued audio (the client is told to drop its own) and cancel the reply.
+        `t_ms`: for a barge-in, the audio time at which the user's speech decided it (sent with the clear)."""
         task, reply = self._reply_task, self._reply
         if task is None or task.done() or reply is None:
             return
-        self.outbox.clear(reply.turn_id)
+        self.outbox.clear(reply.turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
         if reply.trace is not None:
             reply.trace.mark("interrupted")
         task.cancel()

@@ -90,6 +90,7 @@ def create_app(
         body: dict[str, Any] = {
             "status": "ok" if loaded else "loading",
             "models_loaded": loaded,
+            "connections": state.connections,
             "sessions": len(state.sessions),
             "session_tasks": _session_tasks(),
         }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -13,14 +12,11 @@ from typing import Any
 
 import pytest
 import uvicorn
-import yaml
 
 from web import runtime as rt
 from web.app import AppState, create_app
-from web.config import DEFAULT_CONFIG, AppConfig, load_config
-
-TOKEN = "test-token"
-
+from server_config import TOKEN, write_test_config
+from web.config import AppConfig, load_config
 
 @dataclass
 class LiveServer:
@@ -36,23 +32,6 @@ class LiveServer:
 
     def ws_url(self, token: str | None = TOKEN) -> str:
         return f"ws://127.0.0.1:{self.port}/ws" + (f"?token={token}" if token else "")
-
-
-def write_test_config(root: Path, **server: Any) -> Path:
-    """configs/ copied to `root`, replies capped short (test runtime), barge-in at 200 ms."""
-    dst = root / "configs"
-    shutil.copytree(DEFAULT_CONFIG.parent, dst)
-    for name in ("assistant", "concise"):
-        path = dst / "personas" / f"{name}.yaml"
-        data = yaml.safe_load(path.read_text())
-        data["max_reply_tokens"] = 36 if name == "assistant" else 20
-        path.write_text(yaml.safe_dump(data))
-    data = yaml.safe_load((dst / "default.yaml").read_text())
-    data["vad"]["barge_in_min_speech_ms"] = 200
-    data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
-                           "idle_timeout_s": 30, **server})  # fmt: skip
-    (dst / "default.yaml").write_text(yaml.safe_dump(data))
-    return dst / "default.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import audio_corpus as corpus
-from client import Client
+from ws_client import Client
 from voice.audio import pcm16_to_float, resample
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-QUESTION = "I am taking a long train journey with my family this weekend, can you recommend a good book to read on the way?"  # long enough for partials on a busy machine
+QUESTION = "I am taking a long train journey with my family this weekend so can you recommend a good book to read on the way?"  # long enough for partials on a busy machine
 ALL_MARKS = ["speech_start", "speech_end", "endpoint", "asr_final", "llm_start", "llm_first_token", "first_phrase",
              "tts_first_audio", "first_audio_sent", "playback_start", "done"]  # fmt: skip
 

@@ -67,7 +67,8 @@ class Client:
         async with asyncio.timeout(timeout_s):
             while len(self.of(kind, turn_id)) < n:
                 if self._reader.done():
-                    raise AssertionError(f"connection closed ({self.close_code}) before {kind}; got {self.types()}")
+                    errors = self.of("error")
+                    raise AssertionError(f"connection closed ({self.close_code}) before {kind}; got {self.types()} {errors}")
                 self._changed.clear()
                 await self._changed.wait()
         return self.of(kind, turn_id)[n - 1]

@@ -33,6 +33,7 @@ async def test_speech_during_reply_clears_audio_cancels_everything_and_keeps_wha
         assert at_ms is not None, "no response.audio.clear"
         # the clear comes once the speech has lasted barge_in_min_speech_ms (300), within a frame or two
         assert 300.0 <= at_ms - start_ms <= 340.0
+        assert h.of("response.audio.clear")[0]["t_ms"] == start_ms + 300.0  # the frame that decided it
         done = await h.wait_for("response.done")
         assert h.of("response.audio.clear")[0]["turn_id"] == turn == done["turn_id"]
         assert done["interrupted"]

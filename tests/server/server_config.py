@@ -1,0 +1,29 @@
+"""The test server's config: a copy of the shipped configs/ with short replies and test limits."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from web.config import DEFAULT_CONFIG
+
+TOKEN = "test-token"
+
+
+def write_test_config(root: Path, **server: Any) -> Path:
+    """configs/ copied to `root`, replies capped short (test runtime), barge-in at 200 ms."""
+    dst = root / "configs"
+    shutil.copytree(DEFAULT_CONFIG.parent, dst)
+    for name in ("assistant", "concise"):
+        path = dst / "personas" / f"{name}.yaml"
+        data = yaml.safe_load(path.read_text())
+        data["max_reply_tokens"] = 36 if name == "assistant" else 20
+        path.write_text(yaml.safe_dump(data))
+    data = yaml.safe_load((dst / "default.yaml").read_text())
+    data["vad"]["barge_in_min_speech_ms"] = 200
+    data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
+                           "idle_timeout_s": 30, **server})  # fmt: skip
+    (dst / "default.yaml").write_text(yaml.safe_dump(data))
+    return dst / "default.yaml"
