@@ -124,13 +124,35 @@ class Engine:
 
     @classmethod
     def from_path(
-        cls, path: str | Path, *, device: str = "cpu", dtype: str = "float32", max_seq_len: int = 2048, max_slots: int = 8
+        cls,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_seq_len: int = 2048,
+        max_slots: int = 8,
+        quant: str = "none",
+        group_size: int = 32,
     ) -> "Engine":
-        """A Hugging Face folder or a .gguf file (converted once into the user cache dir)."""
-        from llm_engine.loader import load_model
+        """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
+        quant "int8" / "int4" swaps every projection for a weight-only quantized layer. From a GGUF, Q4_1
+        (int4, group 32) and Q8_0 (int8) blocks are taken as stored rather than re-rounded from floats.
+        """
+        from llm_engine.loader import load_model
+        from llm_engine.quantize import SCHEMES, quantize_model
+
+        if quant not in SCHEMES:
+            raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
         t0 = time.perf_counter()
         model, folder = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device)
+        if quant != "none":
+            replacements = {}
+            if Path(path).suffix == ".gguf" and (quant == "int8" or group_size == 32):
+                from llm_engine.gguf_quant import read_quantized_linears
+
+                replacements = read_quantized_linears(path, quant)  # type: ignore[arg-type]
+            quantize_model(model, quant, group_size=group_size, replacements=replacements)  # type: ignore[arg-type]
         engine = cls(model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len)
         engine.load_s = time.perf_counter() - t0
         return engine

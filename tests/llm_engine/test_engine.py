@@ -199,3 +199,22 @@ def test_release_during_a_reply_cancels_it_and_frees_the_slot(small_engine):
     assert [e for e in events if isinstance(e, FinishEvent)][0].reason == "cancelled"
     ask(small_engine, "after", msgs, 2)  # the engine serves the next session as usual
     assert small_engine.slots.slot_of("rel") is None
+
+
+def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_reply(smol_engine, smol_path):
+    from llm_engine.quantize import Int4WeightOnlyLinear
+
+    with pytest.raises(ValueError, match="quant"):
+        Engine.from_path(smol_path, quant="int3")
+    quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4")
+    layers = [m for m in quantized.model.modules() if isinstance(m, Int4WeightOnlyLinear)]
+    assert len(layers) == 7 * quantized.model.cfg.num_layers  # every projection, none left in float
+    quantized.start()
+    try:
+        msgs = [SYSTEM, ChatMessage("user", "Name three colours.")]
+        ids, _, fin = ask(quantized, "q", msgs, 12)
+    finally:
+        quantized.stop()
+    # Q4_1 with group 32 is our int4 layout: the same weights as the float model's dequantized ones.
+    assert ids == ask(smol_engine, "q-float", msgs, 12)[0] and len(ids) >= 3
+    smol_engine.release("q-float")
