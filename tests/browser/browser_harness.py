@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 def mic_wav(path: Path, parts: list[tuple[str, float | str]]) -> Path:
-    """Write a fake-mic WAV from ("silence", ms) and ("say", text) parts, as 44.1 kHz stereo PCM16.
+    """Write a fake-mic WAV from ("silence", ms), ("tone", ms) and ("say", text) parts, as 44.1 kHz stereo PCM16.
 
     The fake device loops the file, so callers end it with a long silence.
     """
@@ -50,6 +50,9 @@ def mic_wav(path: Path, parts: list[tuple[str, float | str]]) -> Path:
     for kind, value in parts:
         if kind == "silence":
             pieces.append(audio_corpus.silence(float(value), FAKE_MIC_RATE))
+        elif kind == "tone":  # a short loud blip (a cough stand-in), `value` ms of 300 Hz
+            t = np.arange(int(float(value) * FAKE_MIC_RATE / 1000)) / FAKE_MIC_RATE
+            pieces.append((0.4 * np.sin(2 * np.pi * 300 * t)).astype(np.float32))
         else:
             audio, rate = audio_corpus.speak_piper(str(value))
             pieces.append(soxr.resample(audio, rate, FAKE_MIC_RATE).astype(np.float32) * 0.9)
@@ -60,11 +63,12 @@ def mic_wav(path: Path, parts: list[tuple[str, float | str]]) -> Path:
     return path
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}")
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}; its log ends:\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
@@ -90,7 +94,7 @@ class ServerProcess:
         out = self.log.open("a")
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         out.close()
-        wait_http(self.url + "healthz", self.proc, self.ready_timeout_s)
+        wait_http(self.url + "healthz", self.proc, self.ready_timeout_s, self.log)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -111,6 +115,21 @@ def mock_server(tmp_path: Path, options: str = "{}") -> ServerProcess:
 def page_stats(page) -> dict:
     """The page's own numbers (window.parleyStats) as plain Python data."""
     return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
+
+
+def wait_page(page, expression: str, timeout_ms: float, server: ServerProcess | None = None) -> None:
+    """wait_for_function that, on timeout, fails with the page's numbers and the server log's end."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(expression, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        s = page_stats(page)
+        for key in ("firstPlayed", "micToEar", "turnAudio"):
+            s[key] = dict(list(s.get(key, {}).items())[-6:])
+        convo = page.inner_text("#conversation")[-1500:]
+        raise AssertionError(f"waited {timeout_ms / 1000:.0f} s for {expression}\npage stats: {s}\n"
+                             f"conversation: {convo}\nserver log: {server.log_tail(20) if server else ''}") from None
 
 
 def restart_and_expect_reconnect(page, server: ServerProcess, reconnect_timeout_ms: float) -> None:

@@ -29,13 +29,15 @@ def playwright_instance() -> Iterator[object]:
 
 @pytest.fixture
 def launch(playwright_instance) -> Iterator[object]:
-    """launch(wav=None, fake_ui=True) -> a new page in its own browser with that fake microphone."""
+    """launch(wav=None, fake_ui=True, autoplay=True) -> a new page in its own browser with that fake microphone."""
     browsers = []
 
-    def _launch(wav: Path | None = None, *, fake_ui: bool = True, viewport: dict | None = None):
+    def _launch(wav: Path | None = None, *, fake_ui: bool = True, autoplay: bool = True, viewport: dict | None = None):
         args = chromium_args(wav)
         if not fake_ui:
             args.remove("--use-fake-ui-for-media-stream")
+        if not autoplay:  # the browser's default: sound only after a user gesture
+            args.remove("--autoplay-policy=no-user-gesture-required")
         browser = playwright_instance.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         browsers.append(browser)
         context = browser.new_context(viewport=viewport or {"width": 1280, "height": 900},

@@ -41,6 +41,7 @@ class MockOptions:
     max_sessions: int = 4
     voiced_rms: float = 0.01
     token: str | None = None
+    greeting: str | None = None  # spoken at session start, as the real server does
 
 
 @dataclass
@@ -130,6 +131,8 @@ def create_app(opts: MockOptions) -> FastAPI:
             await send(s, {"type": "session.ready", "session_id": f"mock-{key:x}", "protocol": 1, "input_sample_rate": IN_RATE,
                            "output_sample_rate": OUT_RATE, "persona": s.persona, "voice": s.voice,
                            "personas": PERSONAS, "voices": VOICES})
+            if opts.greeting:
+                start_reply(s, opts.greeting)
             while True:
                 msg = await ws.receive()
                 if msg["type"] == "websocket.disconnect":

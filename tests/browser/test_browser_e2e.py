@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import audio_corpus
-from browser_harness import ROOT, ServerProcess, free_port, mic_wav, page_stats, restart_and_expect_reconnect
+from browser_harness import ROOT, ServerProcess, free_port, mic_wav, page_stats, restart_and_expect_reconnect, wait_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -51,15 +51,13 @@ def open_after_greeting(page, server: ServerProcess) -> dict:
     """Open the page and let the session's spoken greeting finish, so the mic starts into silence."""
     page.goto(server.url)
     page.wait_for_selector("#conn[data-phase=up]", timeout=60_000)
-    page.wait_for_function("window.parleyStats.done.length >= 1", timeout=120_000)
-    page.wait_for_function("!window.parley.player.state.playing && window.parley.player.state.buffered === 0",
-                           timeout=120_000)
+    page.wait_for_function("window.parleyStats.done.length >= 1 && Object.keys(window.parleyStats.turnAudio).length >= 1"
+                           " && window.parley.player.idle", timeout=120_000)
     return stats(page)
 
 
 def wait_turn_played(page, turn_id: int) -> None:
-    page.wait_for_function(f"window.parleyStats.done.some(d => d.turnId === {turn_id})", timeout=180_000)
-    page.wait_for_function("!window.parley.player.state.playing && window.parley.player.state.buffered === 0",
+    page.wait_for_function(f"window.parleyStats.done.some(d => d.turnId === {turn_id}) && window.parley.player.idle",
                            timeout=180_000)
 
 
@@ -102,29 +100,34 @@ def test_spoken_question_is_transcribed_answered_heard_and_traced(server, launch
 
 def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(server, launch, tmp_path) -> None:
     # Place the interruption ~1.5 s into the reply: the warm server's mic-to-ear from the first test
-    # (or a conservative guess when run alone), plus the part of the reply we let play.
+    # (or a conservative guess when run alone), plus the part of the reply we let play. A loaded
+    # machine can shift the reply, so the interruption comes up to three times, each a new question
+    # whose own reply the next one can interrupt; the first that lands during a reply is measured.
     pause_ms = measured.get("mic_to_ear_ms", 4500.0) + 1500.0
-    wav = mic_wav(tmp_path / "barge.wav", [("silence", 600), ("say", STORY), ("silence", pause_ms),
-                                           ("say", INTERRUPTION), ("silence", 60_000)])
+    parts: list[tuple[str, float | str]] = [("silence", 600), ("say", STORY)]
+    for _ in range(3):
+        parts += [("silence", pause_ms), ("say", INTERRUPTION)]
+    wav = mic_wav(tmp_path / "barge.wav", [*parts, ("silence", 60_000)])
     page = launch(wav)
     open_after_greeting(page, server)
     page.click("#start")
-    page.wait_for_function("window.parleyStats.bargeIns.some(b => b.stopMs !== null)", timeout=180_000)
+    wait_page(page, "window.parleyStats.bargeIns.some(b => b.stopMs !== null)", 240_000, server)
     s = stats(page)
     barge = next(b for b in s["bargeIns"] if b["stopMs"] is not None)
     print(f"\nbarge-in: {barge}")
     assert barge["speechAt"] is not None and 0 < barge["stopMs"] < 300, barge
-    story_turn = barge["turnId"]
-    assert str(story_turn) in s["firstPlayed"]  # it was really playing when the user spoke
-    page.wait_for_function(f"window.parleyStats.done.some(d => d.turnId === {story_turn} && d.interrupted)", timeout=60_000)
+    cut = barge["turnId"]
+    assert str(cut) in s["firstPlayed"]  # it was really playing when the user spoke
+    # The server may have finished sending before the cut; the page marks what the user cut off.
+    assert page.locator(f"#conversation .msg.assistant.interrupted[data-turn='{cut}']").count() == 1
     # The interruption is the next turn: transcribed, answered and heard.
-    nxt = page.locator("#conversation .msg.user").nth(1)
-    nxt.wait_for(timeout=180_000)
+    wait_page(page, f"[...document.querySelectorAll('#conversation .msg.user')].some(m => +m.dataset.turn > {cut})",
+              180_000, server)
+    nxt = page.locator("#conversation .msg.user").filter(has_text="time").last
     assert audio_corpus.wer(INTERRUPTION, nxt.locator(".body").inner_text()) <= 0.4
     next_turn = int(nxt.get_attribute("data-turn"))
-    assert next_turn > story_turn
-    page.wait_for_function(f"window.parleyStats.firstPlayed['{next_turn}'] !== undefined", timeout=180_000)
-    assert page.locator(f"#conversation .msg.assistant.interrupted[data-turn='{story_turn}']").count() == 1
+    assert next_turn > cut
+    wait_page(page, f"window.parleyStats.firstPlayed['{next_turn}'] !== undefined", 180_000, server)
 
 
 def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -> None:
@@ -139,8 +142,14 @@ def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -
     page.press("#text", "Enter")
     page.wait_for_function("window.parleyStats.done.length >= 2", timeout=180_000)
     s = stats(page)
-    reply_turn = s["done"][-1]["turnId"]
+    greeting_turn, reply_turn = s["done"][0]["turnId"], s["done"][-1]["turnId"]
     assert str(reply_turn) in s["firstPlayed"]  # the storyteller's reply was heard
+    page.wait_for_function(f"window.parleyStats.turnAudio['{reply_turn}']?.playedS > 0.3", timeout=60_000)
+    s = stats(page)
+    joe, kal = s["turnAudio"][str(greeting_turn)], s["turnAudio"][str(reply_turn)]
+    print(f"\nenergy above 5.5 kHz: joe greeting {joe}, kal reply {kal}")
+    # Piper joe is wideband; flite kal is 8 kHz speech: the played audio itself changed voice.
+    assert kal["hfRatio"] < 0.5 * joe["hfRatio"], (joe, kal)
     # A new session with the remembered persona greets as the storyteller.
     page.reload()
     page.wait_for_function("window.parleyStats.done.length >= 1", timeout=120_000)

@@ -56,6 +56,28 @@ def test_protocol_helpers_in_the_page(launch, mock) -> None:
     assert got["frame"] == 320
 
 
+def test_speech_run_finds_the_onset_and_forgives_short_gaps(launch, mock) -> None:
+    page = launch()
+    open_page(page, mock)
+    got = page.evaluate("""async () => {
+        const { SpeechRun } = await import('./speech-run.js');
+        const run = new SpeechRun();
+        const seen = [];
+        // 20 ms frames: 2 soft, 5 voiced, 3 silent (60 ms gap, forgiven), 4 voiced, 5 silent (reset)
+        const frames = [...Array(2).fill([0.005, false]), ...Array(5).fill([0.05, true]), ...Array(3).fill([0, false]),
+                        ...Array(4).fill([0.05, true]), ...Array(5).fill([0, false])];
+        frames.forEach(([rms, voiced], i) => {
+          run.push({ rms, voiced }, 1000 + 20 * (i + 1));
+          seen.push([run.voicedMs, run.startedAt, run.voicedAt]);
+        });
+        return seen;
+    }""")
+    assert got[1] == [0, 1000, None]  # soft onset only
+    assert got[6] == [100, 1000, 1040]  # voiced from frame 2, onset from frame 0
+    assert got[13] == [180, 1000, 1040]  # the 60 ms gap did not end the run
+    assert got[-1] == [0, None, None]  # 100 ms of silence did
+
+
 def test_spoken_turn_shows_transcript_reply_audio_and_waterfall(launch, mock, question_wav) -> None:
     page = launch(question_wav)
     open_page(page, mock)
@@ -113,6 +135,42 @@ def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(launch, tm
         assert s["audibleSamples"] < 22050 * 6  # far less than the 8 s reply was played
         assert page.locator("#conversation .msg.assistant.interrupted").count() >= 1
         page.wait_for_function("window.parleyStats.firstPlayed['2'] !== undefined", timeout=60_000)
+    finally:
+        server.kill()
+
+
+def test_greeting_waits_for_the_first_click_when_the_browser_holds_sound(launch, tmp_path, silent_wav) -> None:
+    server = mock_server(tmp_path, json.dumps({"greeting": "Hi, I'm the mock."}))
+    server.start()
+    try:
+        page = launch(silent_wav, autoplay=False)
+        open_page(page, server)
+        page.wait_for_function("window.parleyStats.done.length === 1")
+        page.wait_for_timeout(500)  # the reply's audio had every chance to play, had it been allowed
+        assert stats(page)["turnAudio"] == {} and not page.evaluate("window.parley.player.idle")
+        page.click("#start")
+        page.wait_for_function("window.parleyStats.turnAudio['1']?.playedS > 1.4 && window.parley.player.idle")
+        assert "Hi, I'm the mock." in page.inner_text("#conversation .msg.assistant")
+    finally:
+        server.kill()
+
+
+def test_a_short_blip_pauses_the_reply_but_does_not_end_it(launch, tmp_path) -> None:
+    server = mock_server(tmp_path, json.dumps({"reply_s": 4.0}))
+    server.start()
+    try:
+        # 30 ms (about 80 ms voiced after the browser's AGC) is under the mock's 100 ms and the client's 200 ms.
+        wav = mic_wav(tmp_path / "blip.wav", [("silence", 500), ("say", QUESTION), ("silence", 2000), ("tone", 30),
+                                               ("silence", 30000)])
+        page = launch(wav)
+        open_page(page, server)
+        page.click("#start")
+        page.wait_for_function("window.parleyStats.done.length >= 1 && window.parley.player.idle", timeout=60_000)
+        s = stats(page)
+        assert s["holds"] == 1 and s["releases"] == 1  # paused on the blip, then went on
+        assert s["bargeIns"] == [] and s["done"][0]["interrupted"] is False
+        assert s["turnAudio"]["1"]["playedS"] > 3.9  # the whole 4 s reply played, around the pause
+        assert page.locator("#conversation .msg.assistant.interrupted").count() == 0
     finally:
         server.kill()
 

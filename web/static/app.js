@@ -5,12 +5,11 @@ import { startMic } from "./mic.js";
 import { Player } from "./player.js";
 import { inputText, playbackMark, responseCancel, sessionStart, sessionUpdate, socketUrl } from "./protocol.js";
 import { remember, remembered } from "./prefs.js";
+import { SpeechRun } from "./speech-run.js";
 import * as ui from "./ui.js";
 import { LatencyStats, traceRow } from "./waterfall.js";
 
 const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
-const GAP_RESET_MS = 80; // a voiced run survives short dips between syllables
-const ONSET_RMS = 0.003; // about -50 dBFS: where a word's soft start begins, for timing the interruption
 const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
 const THINKING_GIVE_UP_MS = 15000; // speech that never became a turn (noise) stops showing "thinking"
 
@@ -31,18 +30,15 @@ let awaitingSince = 0;
 let pendingTyped = null; // {text, at} until the server names the turn
 let lastVoicedAt = null; // page clock of the last voiced mic frame sent
 let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
-let voicedRunMs = 0;
-let gapMs = 0;
-let runStartAt = null;
-let onsetAt = null; // start of the current run of frames above ONSET_RMS (earlier than runStartAt)
-let quietMs = 0;
+const speech = new SpeechRun();
+let pendingCut = null; // {turnId, speechAt, heldAt}: playback paused on speech, not yet final
 let lastMarkAt = 0;
 
 // Numbers for people and tests: the player's output level and counts, first-played times, barge-ins.
 const stats = {
   framesSent: 0, voicedFramesSent: 0, micRms: 0,
   playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
-  firstPlayed: {}, micToEar: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [],
+  firstPlayed: {}, micToEar: {}, turnAudio: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
 };
 window.parleyStats = stats;
 window.parley = { conn, player, turns, latency, stats };
@@ -106,7 +102,9 @@ const handlers = {
     stats.sessionId = msg.session_id;
     stats.persona = msg.persona;
     stats.voice = msg.voice;
-    if (navigator.userActivation?.hasBeenActive) player.ensure(msg.output_sample_rate).catch(onAudioError);
+    // Ready the player now; the browser may hold sound until the first click, and the greeting waits for it.
+    const open = navigator.userActivation?.hasBeenActive ? player.ensure(msg.output_sample_rate) : player.prepare(msg.output_sample_rate);
+    open.catch(onAudioError);
   },
   "session.updated"(msg) {
     ui.setPicker("persona", msg.persona);
@@ -142,9 +140,9 @@ const handlers = {
   },
   "response.audio.clear"(msg) {
     if (cancelled.has(msg.turn_id)) return; // we stopped it ourselves already
-    cancelled.add(msg.turn_id);
-    if (player.state.playing || player.state.buffered > 0) recordInterruption("server", msg.turn_id, performance.now());
-    stopPlayback("server", msg.turn_id);
+    const audible = player.state.held || player.state.playing || player.state.buffered > 0;
+    if (audible) cutReply("server", msg.turn_id, performance.now());
+    else cancelled.add(msg.turn_id);
   },
   "response.done"(msg) {
     turn(msg.turn_id);
@@ -233,40 +231,40 @@ function onMicFrame(frame) {
       lastVoicedAt = now;
     }
   }
-  // Client-side barge-in: the server's VAD would stop the reply too, but only after its own
-  // minimum speech time plus a round trip; stopping here keeps the stop under 300 ms.
-  if (frame.rms >= ONSET_RMS) {
-    if (onsetAt === null) onsetAt = now - 20;
-    quietMs = 0;
-  } else if ((quietMs += 20) > GAP_RESET_MS) {
-    onsetAt = null;
+  // Client-side barge-in: the server's VAD would stop the reply too, but only after its own minimum
+  // speech time plus a round trip. Here the first voiced frame pauses playback at once; BARGE_IN_MS
+  // of speech makes it final (cancel + clear), and a shorter sound (a cough) lets the reply go on.
+  speech.push(frame, now);
+  const turnId = player.state.turnId;
+  const replyAudible = player.state.held || player.state.playing || player.state.buffered > 0;
+  if (!replyAudible || turnId === null || cancelled.has(turnId)) {
+    pendingCut = null;
+    return;
   }
-  if (frame.voiced) {
-    if (runStartAt === null) runStartAt = now - 20;
-    voicedRunMs += 20;
-    gapMs = 0;
-  } else {
-    gapMs += 20;
-    if (gapMs > GAP_RESET_MS) {
-      voicedRunMs = 0;
-      runStartAt = null;
-    }
-  }
-  const replyAudible = player.state.playing || player.state.buffered > 0;
-  if (voicedRunMs >= BARGE_IN_MS && replyAudible && player.state.turnId !== null && !cancelled.has(player.state.turnId)) {
-    const turnId = player.state.turnId;
-    cancelled.add(turnId);
-    recordInterruption("client", turnId, now);
+  if (speech.voicedMs > 0 && !player.state.held) {
+    pendingCut = { turnId, speechAt: speech.startedAt, heldAt: null };
+    player.hold();
+  } else if (speech.voicedMs === 0 && player.state.held) {
+    pendingCut = null;
+    player.release();
+  } else if (speech.voicedMs >= BARGE_IN_MS && pendingCut) {
     conn.send(responseCancel());
-    stopPlayback("barge-in", turnId);
+    cutReply("client", turnId, now);
   }
 }
 
-// The interruption starts where the user's current sound began (page clock, the soft onset before
-// the voiced run); the stop is filled in when the player worklet reports its buffer emptied.
-function recordInterruption(source, turnId, decidedAt) {
-  const speechAt = onsetAt !== null && runStartAt !== null ? Math.min(onsetAt, runStartAt) : (runStartAt ?? onsetAt);
-  stats.bargeIns.push({ source, turnId, speechAt, voicedAt: runStartAt, decidedAt, stoppedAt: null, stopMs: null });
+// Ends a reply the user talked over, decided here or by the server's VAD (whichever came first).
+// Timed from the speech onset; the stop is when playback paused, else when the worklet emptied.
+function cutReply(source, turnId, decidedAt) {
+  cancelled.add(turnId);
+  const held = pendingCut?.turnId === turnId ? pendingCut : null;
+  const speechAt = held ? held.speechAt : speech.startedAt;
+  const stoppedAt = held?.heldAt ?? null;
+  const stopMs = stoppedAt !== null && speechAt !== null ? stoppedAt - speechAt : null;
+  stats.bargeIns.push({ source, turnId, speechAt, voicedAt: speech.voicedAt, decidedAt, stoppedAt, stopMs });
+  pendingCut = null;
+  stopPlayback(source, turnId);
+  conversation.markInterrupted(turnId);
 }
 
 async function startTalking() {
@@ -274,7 +272,7 @@ async function startTalking() {
   micStarting = true;
   refreshState();
   try {
-    if (conn.ready) await player.ensure(conn.ready.output_sample_rate);
+    if (conn.ready) await player.ensure(conn.ready.output_sample_rate).catch(onAudioError);
     mic = await startMic(onMicFrame);
     ui.clearError("mic");
   } catch (err) {
@@ -311,6 +309,13 @@ function stopPlayback(reason, turnId) {
   player.clear(reason);
 }
 
+// Per-turn numbers of what was actually played: seconds and the share of energy above 5.5 kHz
+// (a wideband voice vs a narrowband one: how a test hears that the voice changed).
+function noteTurnAudio(turnId, playedSamples, hfRatio) {
+  if (turnId === null || turnId === undefined || hfRatio === undefined) return;
+  stats.turnAudio[turnId] = { playedS: player.samplesToMs(playedSamples) / 1000, hfRatio };
+}
+
 function sendMark(turnId, samples) {
   if (turnId === null || turnId === undefined) return;
   conn.send(playbackMark(turnId, player.samplesToMs(samples)));
@@ -341,21 +346,31 @@ player.addEventListener("progress", (ev) => {
   stats.audibleSamples = d.audible;
   stats.peak = d.peak;
   stats.maxPeak = Math.max(stats.maxPeak, d.peak);
+  noteTurnAudio(d.turnId, d.turnPlayed, d.hfRatio);
   if (d.playing && d.at - lastMarkAt >= MARK_EVERY_MS) sendMark(d.turnId, d.turnPlayed);
 });
 
 for (const type of ["drained", "ended"]) {
   player.addEventListener(type, (ev) => {
+    noteTurnAudio(ev.detail.turnId, ev.detail.playedSamples, ev.detail.hfRatio);
     sendMark(ev.detail.turnId, ev.detail.playedSamples);
     refreshState();
   });
 }
 
+player.addEventListener("held", (ev) => {
+  stats.holds += 1;
+  if (pendingCut && pendingCut.heldAt === null) pendingCut.heldAt = ev.detail.at;
+});
+player.addEventListener("released", () => {
+  stats.releases += 1;
+});
+
 player.addEventListener("cleared", (ev) => {
   const { at, turnId, playedSamples } = ev.detail;
   for (const c of stats.clears) if (c.stoppedAt === null) c.stoppedAt = at;
   for (const b of stats.bargeIns) {
-    if (b.stoppedAt === null) {
+    if (b.stoppedAt === null && b.speechAt !== null) {
       b.stoppedAt = at;
       b.stopMs = b.speechAt === null ? null : at - b.speechAt;
     }

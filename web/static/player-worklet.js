@@ -5,6 +5,51 @@
 const CAPACITY = 1 << 22; // samples: ~190 s at 22.05 kHz, more than any reply; overflow drops the newest
 const REPORT_EVERY = 8; // render quanta between progress reports (8 x 128 samples, ~46 ms at 22.05 kHz)
 const AUDIBLE = 1e-4; // |sample| above this counts as non-silent output
+const HF_CUTOFF_HZ = 5500; // energy above this tells a wideband voice (Piper) from a narrowband one (flite 8 kHz)
+
+// RBJ high-pass biquad coefficients, normalised by a0.
+function highPass(rate, f0, q = Math.SQRT1_2) {
+  const w = (2 * Math.PI * f0) / rate;
+  const alpha = Math.sin(w) / (2 * q);
+  const c = Math.cos(w);
+  const a0 = 1 + alpha;
+  return { b0: (1 + c) / 2 / a0, b1: -(1 + c) / a0, b2: (1 + c) / 2 / a0, a1: (-2 * c) / a0, a2: (1 - alpha) / a0 };
+}
+
+// Two cascaded biquads (4th order): the share of a turn's energy above the cutoff.
+class HfMeter {
+  constructor(rate) {
+    this.k = highPass(rate, Math.min(HF_CUTOFF_HZ, rate * 0.45));
+    this.z = new Float64Array(8); // x1, x2, y1, y2 for each stage
+    this.reset();
+  }
+
+  reset() {
+    this.z.fill(0);
+    this.total = 0;
+    this.high = 0;
+  }
+
+  add(x) {
+    const { b0, b1, b2, a1, a2 } = this.k;
+    const z = this.z;
+    let v = x;
+    for (let s = 0; s < 8; s += 4) {
+      const y = b0 * v + b1 * z[s] + b2 * z[s + 1] - a1 * z[s + 2] - a2 * z[s + 3];
+      z[s + 1] = z[s];
+      z[s] = v;
+      z[s + 3] = z[s + 2];
+      z[s + 2] = y;
+      v = y;
+    }
+    this.total += x * x;
+    this.high += v * v;
+  }
+
+  get ratio() {
+    return this.total > 0 ? this.high / this.total : 0;
+  }
+}
 
 class PlayerProcessor extends AudioWorkletProcessor {
   constructor() {
@@ -15,6 +60,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.segments = []; // [{turnId, end}] in write order: which turn the samples up to `end` belong to
     this.turnId = null; // turn now playing (kept through an underrun: the next phrase may still come)
     this.playing = false; // samples were output in the last quantum
+    this.held = false; // paused in place: the user may be interrupting (released if it was a cough)
     this.turnPlayed = 0; // samples of `turnId` played so far
     this.totalPlayed = 0;
     this.audible = 0; // non-silent samples played, all turns
@@ -23,6 +69,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.peak = 0;
     this.quanta = 0;
     this.dropped = 0;
+    this.hf = new HfMeter(sampleRate);
     this.port.onmessage = (ev) => this.onMessage(ev.data);
   }
 
@@ -37,7 +84,12 @@ class PlayerProcessor extends AudioWorkletProcessor {
       const last = this.segments[this.segments.length - 1];
       if (last && last.turnId === msg.turnId) last.end = this.write;
       else this.segments.push({ turnId: msg.turnId, end: this.write });
+    } else if (msg.type === "hold" || msg.type === "release") {
+      this.held = msg.type === "hold";
+      if (this.held) this.playing = false;
+      this.port.postMessage({ type: this.held ? "held" : "released", turnId: this.turnId, frame: currentFrame });
     } else if (msg.type === "clear") {
+      this.held = false;
       // Drop everything buffered (the server's clear names one turn, but older turns' leftovers
       // are stale too once a barge-in happens).
       const dropped = this.write - this.read;
@@ -46,7 +98,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
       this.read = this.write;
       this.segments = [];
       this.playing = false;
-      this.port.postMessage({ type: "cleared", turnId, playedSamples: played, droppedSamples: dropped, frame: currentFrame, reason: msg.reason });
+      this.port.postMessage({ type: "cleared", turnId, playedSamples: played, droppedSamples: dropped, hfRatio: this.hf.ratio, consumed: this.read + this.dropped, frame: currentFrame, reason: msg.reason });
     }
   }
 
@@ -54,12 +106,13 @@ class PlayerProcessor extends AudioWorkletProcessor {
     const out = outputs[0];
     const left = out[0]; // [128]
     let i = 0;
-    while (i < left.length && this.read < this.write) {
+    while (!this.held && i < left.length && this.read < this.write) {
       const seg = this.segments[0];
       if (this.turnId !== seg.turnId) {
-        if (this.turnId !== null) this.port.postMessage({ type: "ended", turnId: this.turnId, playedSamples: this.turnPlayed });
+        if (this.turnId !== null) this.port.postMessage({ type: "ended", turnId: this.turnId, playedSamples: this.turnPlayed, hfRatio: this.hf.ratio });
         this.turnId = seg.turnId;
         this.turnPlayed = 0;
+        this.hf.reset();
         this.port.postMessage({ type: "started", turnId: seg.turnId, frame: currentFrame + i });
       }
       this.playing = true;
@@ -72,6 +125,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
       if (a > AUDIBLE) this.audible += 1;
       if (a > this.peak) this.peak = a;
       this.sumSq += s * s;
+      this.hf.add(s);
       if (this.read >= seg.end) this.segments.shift();
     }
     for (; i < left.length; i++) left[i] = 0;
@@ -79,20 +133,23 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.windowSamples += left.length;
     if (this.playing && this.read === this.write) {
       this.playing = false;
-      this.port.postMessage({ type: "drained", turnId: this.turnId, playedSamples: this.turnPlayed, frame: currentFrame });
+      this.port.postMessage({ type: "drained", turnId: this.turnId, playedSamples: this.turnPlayed, hfRatio: this.hf.ratio, consumed: this.read + this.dropped, frame: currentFrame });
     }
     if (++this.quanta % REPORT_EVERY === 0) {
       this.port.postMessage({
         type: "progress",
         turnId: this.turnId,
         playing: this.playing,
+        held: this.held,
         turnPlayed: this.turnPlayed,
+        hfRatio: this.hf.ratio,
         totalPlayed: this.totalPlayed,
         audible: this.audible,
         buffered: this.write - this.read,
         rms: Math.sqrt(this.sumSq / this.windowSamples),
         peak: this.peak,
         dropped: this.dropped,
+        consumed: this.read + this.dropped, // every sample pushed ends up read, cleared or dropped
         frame: currentFrame,
       });
       this.sumSq = 0;

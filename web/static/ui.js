@@ -101,13 +101,20 @@ export class Conversation {
 
   finish(turnId, { text, interrupted, spokenText }) {
     const node = this.bubble("assistant", turnId, text || undefined);
-    if (interrupted) {
-      node.classList.add("interrupted");
-      const note = document.createElement("span");
+    if (interrupted) this.markInterrupted(turnId, spokenText ? ` (interrupted after “${spokenText}”)` : " (interrupted)");
+  }
+
+  // The user cut the reply off (here or on the server); a later, fuller note replaces the first.
+  markInterrupted(turnId, text = " (you interrupted)") {
+    const node = this.bubble("assistant", turnId);
+    node.classList.add("interrupted");
+    let note = node.querySelector(".note");
+    if (!note) {
+      note = document.createElement("span");
       note.className = "note";
-      note.textContent = spokenText ? ` (interrupted after “${spokenText}”)` : " (interrupted)";
       node.append(note);
     }
+    if (!note.textContent || text !== " (interrupted)") note.textContent = text;
   }
 
   // A typed turn is shown at once, before the server gives it a turn id.
