@@ -79,8 +79,11 @@ class GraphedDecoder:
         *,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         use_graphs: bool | None = None,
+        static_step: bool = False,
         compile_step: bool = False,
     ) -> None:
+        """use_graphs: None = on for CUDA. static_step: run the graph-ready step even without graphs (the CPU
+        check of what CUDA captures). compile_step: torch.compile that step (implies static_step; untested here)."""
         self.model, self.cache = model, cache
         self.device = cache.k.device
         self.buckets = sorted(buckets)
@@ -94,12 +97,12 @@ class GraphedDecoder:
         if compile_step:
             # The fixed shapes make one compiled graph per bucket; set TORCHINDUCTOR_CACHE_DIR to keep it warm.
             self._step = torch.compile(static_decode_step, dynamic=False)
-        self.static_eager = compile_step  # compiled step without graphs still goes through the static path
+        self.static_step = static_step or compile_step
 
     @torch.inference_mode()
     def decode(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
         b = len(tokens)
-        if not self.use_graphs and not self.static_eager:
+        if not self.use_graphs and not self.static_step:
             t = torch.tensor(list(tokens), device=self.device)[:, None]  # [B, 1]
             p = torch.tensor(list(positions), device=self.device)[:, None]
             return self.model(t, p, self.cache, list(slots), "last", kv_len=max(positions) + 1)[:, 0]

@@ -51,8 +51,8 @@ def test_static_step_matches_eager_per_row_with_padding(quant: str) -> None:
     prefill(model, cache_s, PROMPTS)
     prefill(model, cache_e, PROMPTS)
     tokens, positions, slots = [30, 31, 32], [5, 2, 7], [0, 1, 2]
-    dec = GraphedDecoder(model, cache_s, buckets=(1, 4), use_graphs=False)
-    dec.static_eager = True  # run the graph-ready step eagerly: the CPU check of what CUDA captures
+    # The graph-ready step run eagerly: the CPU check of what CUDA captures.
+    dec = GraphedDecoder(model, cache_s, buckets=(1, 4), use_graphs=False, static_step=True)
     got = dec.decode(tokens, positions, slots)
     want = eager_rows(model, cache_e, tokens, positions, slots)
     assert got.shape == (3, model.cfg.vocab_size)

@@ -81,7 +81,7 @@ def test_rejection_rule_reproduces_the_target_distribution() -> None:
 
 
 def test_sampled_speculative_step_keeps_the_target_distribution_end_to_end() -> None:
-    """First token of a step, drawn 1500 times from the same state: chi-square against the target's p."""
+    """First token of a step, drawn 800 times from the same state: chi-square against the target's p."""
     target = tiny_model(5, layers=2, vocab=8, hidden=32, max_seq_len=32, spread=0.4)
     draft = tiny_model(6, layers=1, vocab=8, hidden=32, max_seq_len=32, spread=0.4)
     params = SamplingParams(temperature=1.0)
@@ -93,7 +93,7 @@ def test_sampled_speculative_step_keeps_the_target_distribution_end_to_end() -> 
     dec = SpeculativeDecoder(target, draft, tcache, dcache, k=2, adaptive=False)
     gen = torch.Generator().manual_seed(1)
     counts = torch.zeros(8)
-    n = 1500
+    n = 800
     for _ in range(n):
         dec.prefill_draft(0, prompt)  # resets what the draft owes; the caches' stale rows get overwritten
         counts[dec.step(0, 5, 4, params, gen)[0]] += 1
