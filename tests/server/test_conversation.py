@@ -14,7 +14,7 @@ from voice.audio import pcm16_to_float, resample
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-QUESTION = "I am taking a long train journey with my family this weekend so can you recommend a good book to read on the way?"  # long enough for partials on a busy machine
+QUESTION = "Remind me to call my mother tomorrow morning and add milk and bread to my shopping list please."  # long enough for partials
 ALL_MARKS = ["speech_start", "speech_end", "endpoint", "asr_final", "llm_start", "llm_first_token", "first_phrase",
              "tts_first_audio", "first_audio_sent", "playback_start", "done"]  # fmt: skip
 
