@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
@@ -32,6 +32,10 @@ from llm_engine.request import (
 )
 from llm_engine.scheduler import BatchScheduler, StepPlan
 from llm_engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported lazily at run time: most engines use neither
+    from llm_engine.cuda_graphs import GraphedDecoder
+    from llm_engine.solo_speculation import SoloSpeculation
 
 __all__ = [
     "ChatMessage", "SamplingParams", "GenerateRequest", "Timings", "TokenEvent", "FinishEvent", "ErrorEvent",
@@ -97,7 +101,12 @@ class Engine:
         max_slots: int = 8,
         max_seq_len: int | None = None,
         prefill_chunk: int = 128,
+        draft: Transformer | None = None,
+        draft_k: int = 4,
+        cuda_graphs: bool = False,
     ) -> None:
+        """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
+        for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -108,10 +117,23 @@ class Engine:
             cfg.num_layers, max_slots, cfg.num_kv_heads, self.max_seq_len, cfg.head_dim, dtype=dtype, device=self.device
         )
         self.slots = SlotTable(max_slots)
-        # Batch bound = slots: every running request holds one. A prompt chunk of 128 tokens costs the
-        # running requests about one extra decode step's time on the 2-core CPU, then they move on.
+        # Batch bound = slots: every running request holds one. While others decode, a prompt runs in chunks
+        # of prefill_chunk tokens, one per step: that caps how long their next token waits behind a long prompt.
         self.scheduler = BatchScheduler(max_batch=max_slots, chunk_tokens=prefill_chunk)
         self.steps = 0  # engine steps that did work (a prompt chunk and/or one batched decode)
+        self.speculation: SoloSpeculation | None = None
+        if draft is not None:
+            from llm_engine.solo_speculation import SoloSpeculation
+            from llm_engine.speculative import SpeculativeDecoder, draft_cache_like
+
+            decoder = SpeculativeDecoder(model, draft, self.cache, draft_cache_like(draft, self.cache), k=draft_k)
+            self.speculation = SoloSpeculation(decoder)
+        self.graphed: GraphedDecoder | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            from llm_engine.cuda_graphs import DEFAULT_BUCKETS, GraphedDecoder
+
+            buckets = sorted({b for b in DEFAULT_BUCKETS if b < max_slots} | {max_slots})
+            self.graphed = GraphedDecoder(model, self.cache, buckets=buckets)
         self._jobs: dict[int, _Job] = {}
         self._inbox: queue.Queue[object] = queue.Queue()
         self._ids = itertools.count(1)
@@ -133,11 +155,14 @@ class Engine:
         max_slots: int = 8,
         quant: str = "none",
         group_size: int = 32,
+        self_draft: str = "none",
+        cuda_graphs: bool = False,
     ) -> "Engine":
         """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
         quant "int8" / "int4" swaps every projection for a weight-only quantized layer. From a GGUF, Q4_1
         (int4, group 32) and Q8_0 (int8) blocks are taken as stored rather than re-rounded from floats.
+        self_draft "int8" / "int4": a quantized copy of the model drafts for requests running alone.
         """
         from llm_engine.loader import load_model
         from llm_engine.quantize import SCHEMES, quantize_model
@@ -153,7 +178,14 @@ class Engine:
 
                 replacements = read_quantized_linears(path, quant)  # type: ignore[arg-type]
             quantize_model(model, quant, group_size=group_size, replacements=replacements)  # type: ignore[arg-type]
-        engine = cls(model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len)
+        draft = None
+        if self_draft != "none":
+            from llm_engine.speculative import make_self_draft
+
+            draft = make_self_draft(model, scheme=self_draft, group_size=group_size)  # type: ignore[arg-type]
+        engine = cls(
+            model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft, cuda_graphs=cuda_graphs
+        )
         engine.load_s = time.perf_counter() - t0
         return engine
 
@@ -277,6 +309,8 @@ class Engine:
         assert job.slot is not None
         state = self.slots.slots[job.slot]
         try:
+            if self.speculation is not None:
+                self.speculation.pause(job.slot)
             events = job.gen.prefill(self.model, self.cache, job.slot, state, max_tokens)
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
             events = self._fail(job, exc)
@@ -286,6 +320,13 @@ class Engine:
 
     def _decode(self, batch: list[_Job]) -> None:
         """One forward for every row of the batch, then each request samples from its own row."""
+        if self.speculation is not None:
+            if len(batch) == 1:
+                self._speculate(batch[0])
+                return
+            for job in batch:
+                assert job.slot is not None
+                self.speculation.pause(job.slot)
         rows = []
         for job in batch:
             assert job.slot is not None
@@ -293,7 +334,10 @@ class Engine:
             rows.append(DecodeRow(job.slot, token, pos))
         t0 = time.perf_counter()
         try:
-            logits = decode_batch(self.model, self.cache, rows, self.device)  # [B, V]
+            if self.graphed is not None:
+                logits = self.graphed.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
+            else:
+                logits = decode_batch(self.model, self.cache, rows, self.device)  # [B, V]
         except Exception as exc:  # noqa: BLE001 - every row of the failed forward learns why
             for job in batch:
                 self._emit(job, self._fail(job, exc))
@@ -306,6 +350,14 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - one request's sampling error must not end the others
                 events = self._fail(job, exc)
             self._emit(job, events)
+
+    def _speculate(self, job: _Job) -> None:
+        assert job.slot is not None and self.speculation is not None
+        try:
+            events = self.speculation.step(job.gen, job.slot, self.slots.slots[job.slot], self.cache)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
+            events = self._fail(job, exc)
+        self._emit(job, events)
 
     def _fail(self, job: _Job, exc: Exception) -> list[Event]:
         assert job.slot is not None

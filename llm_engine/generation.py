@@ -89,7 +89,7 @@ class Generation:
         self.timings = replace(self.timings, prefill_tokens=len(self.prompt) - self.timings.reused_tokens)
         if self.params.max_new_tokens <= 0:
             return self._finish("length")
-        return self._accept(sample(logits[0, -1], self.params, self.generator, self._history()), cache, state)
+        return self._accept(sample(logits[0, -1], self.params, self.generator, self.history()), cache, state)
 
     def decode_input(self, state: SlotState) -> tuple[int, int]:
         """-> (token to feed, its position): the row this request adds to the step's batched forward."""
@@ -100,7 +100,7 @@ class Generation:
         """logits [V]: this request's row of a batched decode forward that fed `pending` -> sample the next token."""
         assert self.pending is not None
         state.tokens.append(self.pending)
-        token = sample(logits, self.params, self.generator, self._history())
+        token = sample(logits, self.params, self.generator, self.history())
         self.timings = replace(
             self.timings, decode_tokens=self.timings.decode_tokens + 1, decode_ms=self.timings.decode_ms + step_ms
         )
@@ -126,7 +126,8 @@ class Generation:
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _history(self) -> list[int]:
+    def history(self) -> list[int]:
+        """What the repetition penalty looks at (empty when there is none, to skip the work)."""
         return self.prompt + self.generated if self.params.repetition_penalty != 1.0 else []
 
     def _accept(self, token: int, cache: StaticKVCache, state: SlotState) -> list[Event]:
