@@ -72,3 +72,35 @@ def smol_reference(smol_path: Path):
 
     model = AutoModelForCausalLM.from_pretrained(str(smol_path.parent), gguf_file=smol_path.name, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_path: Path):
+    """The embedded tokenizer alone (no weights loaded): tiny random models below speak its vocabulary."""
+    from llm_engine.gguf_loader import prepare_gguf
+    from llm_engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_folder(prepare_gguf(smol_path))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(smol_tokenizer):
+    """-> build(seed, max_seq_len): a random Llama over the embedded tokenizer's vocabulary, for engine tests.
+
+    Wide weights (std 0.2) so greedy picks are not near-ties that rounding could flip between batched and solo runs.
+    """
+    from llm_engine.config import ModelConfig
+    from llm_engine.model import Transformer
+
+    def build(seed: int, max_seq_len: int = 1024) -> Transformer:
+        cfg = ModelConfig(vocab_size=smol_tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
+                          num_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+        torch.manual_seed(seed)
+        model = Transformer(cfg, max_seq_len)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, 0.2)
+        return model.eval().requires_grad_(False)
+
+    return build

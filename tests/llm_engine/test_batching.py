@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from llm_engine.config import ModelConfig
 from llm_engine.engine import Engine, EngineStream
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
@@ -30,25 +28,13 @@ FOUR = (
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    from llm_engine.gguf_loader import prepare_gguf
-    from web.locate import find_embedded
-
-    return Tokenizer.from_folder(prepare_gguf(find_embedded("llm")))
+def tokenizer(smol_tokenizer) -> Tokenizer:
+    return smol_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tiny(tokenizer: Tokenizer) -> Transformer:
-    """Random Llama over the embedded tokenizer's vocabulary; wide weights so greedy picks are not near-ties."""
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
-    torch.manual_seed(0)
-    model = Transformer(cfg, 1024)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    return model.eval().requires_grad_(False)
+def tiny(tiny_chat_model) -> Transformer:
+    return tiny_chat_model(0, 1024)
 
 
 def make_engine(model: Transformer, tokenizer: Tokenizer, slots: int) -> Engine:

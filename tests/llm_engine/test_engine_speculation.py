@@ -5,9 +5,7 @@ An unstarted Engine is driven step by step on a tiny random model (embedded toke
 from __future__ import annotations
 
 import pytest
-import torch
 
-from llm_engine.config import ModelConfig
 from llm_engine.engine import Engine
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
@@ -18,24 +16,13 @@ SYSTEM = ChatMessage("system", "You are terse.")
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    from llm_engine.gguf_loader import prepare_gguf
-    from web.locate import find_embedded
-
-    return Tokenizer.from_folder(prepare_gguf(find_embedded("llm")))
+def tokenizer(smol_tokenizer) -> Tokenizer:
+    return smol_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tiny(tokenizer: Tokenizer) -> Transformer:
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
-    torch.manual_seed(1)
-    model = Transformer(cfg, 512)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    return model.eval().requires_grad_(False)
+def tiny(tiny_chat_model) -> Transformer:
+    return tiny_chat_model(1, 512)
 
 
 def req(session: str, text: str, **sampling) -> GenerateRequest:
@@ -43,7 +30,7 @@ def req(session: str, text: str, **sampling) -> GenerateRequest:
 
 
 def drive(engine: Engine, streams: list, limit: int = 1000) -> list[tuple[list[int], str]]:
-    while any(s._events.empty() or not _finished(s) for s in streams):
+    while not all(_finished(s) for s in streams):
         assert engine.step() is not None
         limit -= 1
         assert limit > 0
