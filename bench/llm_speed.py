@@ -134,31 +134,36 @@ def main() -> None:
           f"copy bandwidth {bw:.1f} GB/s  load avg {os.getloadavg()[0]:.1f}")  # fmt: skip
 
     variants: dict[str, Transformer] = {"none (fp32)": model}
+    # Speculation rows: the draft is an int4 copy of every layer, so on CPU each draft token costs about
+    # as much Python/dispatch time as a target token; the rows show the acceptance and what that costs.
     variants["int8"] = quantize_model(copy.deepcopy(model), "int8")
     gguf_layers = read_quantized_linears(args.model, "int4") if args.model.suffix == ".gguf" else {}
     variants["int4 (Q4_1 blocks)"] = quantize_model(copy.deepcopy(model), "int4", replacements=gguf_layers)
     draft = make_self_draft(model, scheme="int4")
 
+    print(f"{'variant':66s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/token':>9s} {'% of BW bound':>13s}")
     rows: list[tuple[str, float, float, str, int]] = []
+
+    def show(name: str, ttft: float, tps: float, same: str, nbytes: int) -> None:
+        """Each row prints as soon as it is measured: a slow, shared machine still leaves a partial table."""
+        rows.append((name, ttft, tps, same, nbytes))
+        print(f"{name:66s} {ttft:8.1f} {tps:7.1f} {same:>10s} {nbytes / 1e6:9.1f} {100 * tps * nbytes / (bw * 1e9):12.1f}%", flush=True)
+
     reference: list[int] | None = None
     for name, m in variants.items():
         run_plain(m, prompt[:8], 4)  # warm-up: kernel layouts, allocator
         ttft, tps, out = run_plain(m, prompt, n)
         reference = reference or out
         same = "=" if out == reference else f"differs@{next(i for i, (a, b) in enumerate(zip(out, reference)) if a != b)}"
-        rows.append((name, ttft, tps, same, weight_bytes_per_token(m)))
+        show(name, ttft, tps, same, weight_bytes_per_token(m))
         ttft, tps, sout, acc = run_speculative(m, draft, prompt, n)
-        rows.append((f"{name} + spec(int4 self-draft, k adaptive) acc {acc:.2f}", ttft, tps,
-                     "=" if sout == out else "MISMATCH", weight_bytes_per_token(m) + weight_bytes_per_token(draft)))  # fmt: skip
+        show(f"{name} + spec(int4 self-draft, k adaptive) acc {acc:.2f}", ttft, tps,
+             "=" if sout == out else "MISMATCH", weight_bytes_per_token(m) + weight_bytes_per_token(draft))  # fmt: skip
     if not args.skip_transformers:
         ttft, tps, hout = run_transformers(folder, prompt, n)
-        rows.append(("transformers generate (fp32, same weights)", ttft, tps, "=" if hout == reference else "differs", weight_bytes_per_token(model)))
+        show("transformers generate (fp32, same weights)", ttft, tps, "=" if hout == reference else "differs", weight_bytes_per_token(model))
     lc = run_llama_cpp(args.model, prompt, n)
 
-    print(f"{'variant':66s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/token':>9s} {'% of BW bound':>13s}")
-    for name, ttft, tps, same, nbytes in rows:
-        bound = 100 * tps * nbytes / (bw * 1e9)
-        print(f"{name:66s} {ttft:8.1f} {tps:7.1f} {same:>10s} {nbytes / 1e6:9.1f} {bound:12.1f}%")
     if lc is None:
         print(f"{'llama.cpp (llama-cpp-python)':66s} not installed")
     else:
