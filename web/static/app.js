@@ -20,8 +20,11 @@ const player = new Player();
 const conversation = new ui.Conversation($("conversation"));
 const latency = new LatencyStats();
 
-const turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, trace}
-const cancelled = new Set(); // turn ids whose audio we drop (barge-in or server clear)
+let turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, trace}, this session
+const pastTurns = []; // turns of earlier sessions (before a reconnect), kept for the percentiles
+let cancelled = new Set(); // turn ids whose audio we drop (barge-in or server clear)
+let sessionId = null;
+let epoch = 0; // sessions seen; turn ids restart at each
 let mic = null;
 let micStarting = false;
 let hearing = false; // the server's VAD says the user is talking
@@ -41,7 +44,7 @@ const stats = {
   firstPlayed: {}, micToEar: {}, turnAudio: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
 };
 window.parleyStats = stats;
-window.parley = { conn, player, turns, latency, stats };
+window.parley = { conn, player, latency, stats, turn: (id) => turns.get(id) };
 
 function turn(turnId) {
   let t = turns.get(turnId);
@@ -81,13 +84,14 @@ function renderTrace(turnId) {
   const t = turns.get(turnId);
   if (!t?.trace) return;
   const row = traceRow(t.trace, { micToEarMs: t.micToEarMs, typed: t.typed, text: t.text });
-  const old = $("traces").querySelector(`li[data-turn="${turnId}"]`);
+  row.dataset.epoch = String(epoch);
+  const old = $("traces").querySelector(`li[data-epoch="${epoch}"][data-turn="${turnId}"]`);
   if (old) old.replaceWith(row);
   else $("traces").prepend(row);
   latency.voiceToVoice = [];
   latency.micToEar = [];
   // Typed turns have no mic: their send-to-ear time stays out of the mic-to-ear percentiles.
-  for (const x of turns.values()) if (x.trace) latency.add(x.trace, x.typed ? undefined : x.micToEarMs ?? undefined);
+  for (const x of [...pastTurns, ...turns.values()]) if (x.trace) latency.add(x.trace, x.typed ? undefined : x.micToEarMs ?? undefined);
   latency.render($("latency"));
 }
 
@@ -96,6 +100,17 @@ function renderTrace(turnId) {
 const handlers = {
   "session.ready"(msg) {
     ui.clearError();
+    if (msg.session_id !== sessionId) {
+      // A new session (first connect or after a reconnect) numbers turns from 1 again.
+      sessionId = msg.session_id;
+      epoch += 1;
+      conversation.epoch = epoch;
+      pastTurns.push(...turns.values());
+      turns = new Map();
+      cancelled = new Set();
+      pendingCut = null;
+      pendingTyped = null;
+    }
     ui.fillPicker("persona", msg.personas, msg.persona);
     ui.fillPicker("voice", msg.voices, msg.voice);
     stats.outputRate = msg.output_sample_rate;

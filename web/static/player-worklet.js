@@ -98,6 +98,8 @@ class PlayerProcessor extends AudioWorkletProcessor {
       this.read = this.write;
       this.segments = [];
       this.playing = false;
+      this.turnId = null; // the next audio starts a turn afresh, even one with the same id (new session)
+      this.turnPlayed = 0;
       this.port.postMessage({ type: "cleared", turnId, playedSamples: played, droppedSamples: dropped, hfRatio: this.hf.ratio, consumed: this.read + this.dropped, frame: currentFrame, reason: msg.reason });
     }
   }

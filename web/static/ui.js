@@ -70,11 +70,12 @@ export function setPicker(id, value) {
 export class Conversation {
   constructor(list) {
     this.list = list;
-    this.bubbles = new Map(); // `${role}:${turnId}` -> element
+    this.bubbles = new Map(); // `${epoch}:${role}:${turnId}` -> element
+    this.epoch = 0; // a new session numbers its turns from 1 again
   }
 
   bubble(role, turnId, text = "") {
-    const key = `${role}:${turnId}`;
+    const key = `${this.epoch}:${role}:${turnId}`;
     let node = this.bubbles.get(key);
     if (!node) {
       node = document.createElement("li");
