@@ -145,7 +145,9 @@ def open_server(args: argparse.Namespace, out: Path, extra_sets: tuple[str, ...]
     """(url, the started process or None, the server's pid for sampling or None) for `--server` or a fresh one."""
     if args.server:
         return args.server, None, pid_listening(urlsplit(args.server if "://" in args.server else "//" + args.server).port)
-    server = start_server(out.with_suffix(".traces.jsonl"), out.with_suffix(".server.log"), config=args.config,
+    logs = ROOT / "artifacts" / "bench"  # git-ignored, wherever the results go
+    logs.mkdir(parents=True, exist_ok=True)
+    server = start_server(logs / f"{out.stem}.traces.jsonl", logs / f"{out.stem}.server.log", config=args.config,
                           sets=(*extra_sets, *args.sets))
     print(f"started parley serve at {server.url} (log {server.log_path})", flush=True)
     return server.url, server, server.proc.pid
