@@ -25,8 +25,8 @@ from ws_client import Client
 pytestmark = pytest.mark.timeout(60)
 
 
-def _serve(root: Path, idle_timeout_s: float) -> Iterator[str]:
-    cfg = load_config(write_test_config(root, token=None, idle_timeout_s=idle_timeout_s))
+def _serve(root: Path, **server: object) -> Iterator[str]:
+    cfg = load_config(write_test_config(root, token=None, **server))
     engine = FakeEngine()
     tts = FakeTts(sample_rate=22050)
     stages = Stages(FakeVad, FakeTranscriber(), LlmBridge(engine), {name: VoiceBinding(tts) for name in cfg.voices})
@@ -44,12 +44,18 @@ def _serve(root: Path, idle_timeout_s: float) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from _serve(tmp_path_factory.mktemp("fake"), 30.0)
+    yield from _serve(tmp_path_factory.mktemp("fake"))
 
 
 @pytest.fixture
 def impatient_server(tmp_path: Path) -> Iterator[str]:
-    yield from _serve(tmp_path, 1.0)
+    yield from _serve(tmp_path, idle_timeout_s=1.0)
+
+
+@pytest.fixture
+def strict_server(tmp_path: Path) -> Iterator[str]:
+    # 20 messages a second: a flood exceeds it however slowly this machine sends
+    yield from _serve(tmp_path, max_messages_per_s=20)
 
 
 async def test_a_silent_client_is_closed_after_the_idle_timeout(impatient_server: str) -> None:
@@ -75,6 +81,19 @@ async def test_typed_turn_over_the_socket_with_headered_audio(fake_server: str) 
         # FakeTts speaks 150 ms a word at 22.05 kHz; the concise persona caps the reply at 20 words
         assert samples == pytest.approx(len(done["spoken_text"].split()) * 0.15 * 22050, rel=0.01)
         assert trace["input"] == "text" and "llm_ttft" in trace["stages_ms"]
+
+
+async def test_message_flood_is_rate_limited_not_fatal(strict_server: str) -> None:
+    async with Client(strict_server) as c:
+        await c.start(persona="concise")
+        for _ in range(200):
+            await c.send(type="playback.mark", turn_id=99, played_ms=0)
+        err = await c.wait_for("error")
+        assert (err["code"], err["fatal"]) == ("rate_limited", False)
+        assert len(c.of("error")) <= 2  # one error a second, not one per dropped message
+        await asyncio.sleep(1.5)  # the bucket refills
+        await c.send(type="session.update", voice="espeak")
+        assert (await c.wait_for("session.updated"))["voice"] == "espeak" and c.close_code is None
 
 
 async def test_48khz_input_is_resampled_to_16khz(fake_server: str) -> None:
