@@ -113,7 +113,8 @@ def main() -> None:
     finally:
         engine.stop()
     title = (f"\nContinuous batching, {path.name}, {args.device} {args.dtype} quant={args.quant}, "
-             f"{args.tokens} tokens per request, {torch.get_num_threads()} threads")  # fmt: skip
+             f"{args.tokens} tokens per request, {torch.get_num_threads()} threads, "
+             f"load average {os.getloadavg()[0]:.1f} (others' work on the same cores skews every rate)")  # fmt: skip
     print(format_table(rows, title))
 
 
