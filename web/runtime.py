@@ -118,7 +118,8 @@ def load(cfg: AppConfig) -> Runtime:
     m = cfg.models.llm
     device = "cpu" if m.device == "auto" else m.device
     engine = Engine.from_path(
-        resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len, max_slots=m.max_slots
+        resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
+        max_slots=m.max_slots, quant=m.quant,
     )
     engine.start()
     times["llm"] = time.perf_counter() - t0
