@@ -18,8 +18,10 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_instance() -> Iterator[object]:
+    # Module scope, not session: while sync_playwright is open its event loop counts as running in
+    # this thread, and every pytest-asyncio test collected after the browser tests would fail.
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium")
     sync_api = pytest.importorskip("playwright.sync_api")
