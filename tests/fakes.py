@@ -75,6 +75,7 @@ class _Job:
     req: GenerateRequest
     on_event: Callable[[object], None] | None
     stream: "FakeStream"
+    submitted_ns: int = 0
 
 
 class FakeStream:
@@ -101,10 +102,14 @@ class FakeEngine:
     reply_words: list[str] = field(default_factory=lambda: "Sure. It is sunny today, with a light breeze from the west.".split())
     token_s: float = 0.01
     first_token_s: float = 0.02
+    prefill_s: float = 0.0  # the prompt's forward, for every request (prefill-only ones too)
     error: str | None = None
     requests: list[GenerateRequest] = field(default_factory=list)
+    submitted_ns: list[int] = field(default_factory=list)  # perf_counter_ns of each submit, as `requests`
+    prefilled_ns: list[int] = field(default_factory=list)  # when each request's prefill ended, in run order
     finished: list[FinishEvent] = field(default_factory=list)
-    cancelled: int = 0
+    cancelled: int = 0  # generations stopped mid-way
+    cancelled_queued: int = 0  # requests cancelled before they ran
     slots: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -115,8 +120,9 @@ class FakeEngine:
 
     def submit(self, req: GenerateRequest, on_event: Callable[[object], None] | None = None) -> FakeStream:
         stream = FakeStream()
+        self.submitted_ns.append(time.perf_counter_ns())
         self.requests.append(req)
-        self._jobs.put(_Job(req, on_event, stream))
+        self._jobs.put(_Job(req, on_event, stream, self.submitted_ns[-1]))
         return stream
 
     def release(self, session_id: str) -> None:
@@ -148,6 +154,17 @@ class FakeEngine:
             if self.error is not None:
                 self._emit(job, ErrorEvent(self.error))
                 continue
+            queue_ms = (time.perf_counter_ns() - job.submitted_ns) / 1e6
+            if job.stream.cancelled.is_set():  # cancelled while queued: the real engine never prefills it
+                with self._lock:
+                    self.slots[job.req.session_id] = cached
+                self.cancelled_queued += 1
+                finish = FinishEvent("cancelled", Timings(queue_ms=queue_ms))
+                self.finished.append(finish)
+                self._emit(job, finish)
+                continue
+            time.sleep(self.prefill_s)
+            self.prefilled_ns.append(time.perf_counter_ns())
             limit = job.req.sampling.max_new_tokens
             reason, n = "length", 0
             time.sleep(self.first_token_s if limit else 0.0)
@@ -161,7 +178,8 @@ class FakeEngine:
                 time.sleep(self.token_s)
             else:
                 reason = "stop" if limit > len(self.reply_words) else "length"
-            timings = Timings(prefill_ms=1.0, prefill_tokens=len(prompt) - reused, reused_tokens=reused, decode_tokens=n)
+            timings = Timings(queue_ms=queue_ms, prefill_ms=max(1.0, 1000 * self.prefill_s), prefill_tokens=len(prompt) - reused,
+                              reused_tokens=reused, decode_tokens=n)  # fmt: skip
             finish = FinishEvent(reason, timings)
             self.finished.append(finish)
             self._emit(job, finish)
@@ -200,6 +218,7 @@ class FakeTts:
 PERSONAS = {
     "assistant": PersonaSpec("assistant", "You are a test assistant.", "joe", greeting="Hello there.", max_reply_tokens=50),
     "concise": PersonaSpec("concise", "Be brief.", "kal", greeting=None, speaking_rate=1.25, max_reply_tokens=3),
+    "storyteller": PersonaSpec("storyteller", "Tell tales.", "kal", greeting="Hello there, traveller.", max_reply_tokens=50),
 }
 
 

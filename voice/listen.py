@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from voice.asr import StreamingTranscriber
+from voice.llm_bridge import LlmFinish
 from voice.trace import TurnTrace
 
 
@@ -24,14 +25,15 @@ class Utterance:
     paused: bool = False
     held: list[np.ndarray] = field(default_factory=list)  # hangover audio: part of the turn only if speech resumes
     partial_task: asyncio.Task[Any] | None = None
-    ahead: asyncio.Task[Any] | None = None
+    ahead: asyncio.Task[Any] | None = None  # the final decode started at SpeechPaused
+    prefill: asyncio.Task[Any] | None = None  # the engine prefill started beside it
     ahead_start_ns: int | None = None
     final_text: str = ""
     final_ns: int | None = None
     final_event: asyncio.Event = field(default_factory=asyncio.Event)
     prefill_start_ns: int | None = None
     prefill_done_ns: int | None = None
-    prefill_history_len: int | None = None
+    prefill_result: LlmFinish | None = None
     discarded_ahead: int = 0
 
     def feed(self, samples: np.ndarray) -> None:
@@ -49,19 +51,24 @@ class Utterance:
         for samples in self.held:
             self.stt.append(samples)
         self.held.clear()
-        if self.ahead is not None:
-            self.ahead.cancel()
-            self.ahead = None
+        if self.ahead is not None or self.prefill is not None:
             self.discarded_ahead += 1
+        self._cancel_ahead()
         self.ahead_start_ns = self.final_ns = self.prefill_start_ns = self.prefill_done_ns = None
+        self.prefill_result = None
         self.final_event = asyncio.Event()
-        self.prefill_history_len = None
         self.final_text = ""
 
-    def discard(self) -> None:
-        for task in (self.ahead, self.partial_task):
+    def _cancel_ahead(self) -> None:
+        for task in (self.ahead, self.prefill):
             if task is not None:
-                task.cancel()
+                task.cancel()  # the prefill's engine stream is cancelled as its iterator closes
+        self.ahead = self.prefill = None
+
+    def discard(self) -> None:
+        self._cancel_ahead()
+        if self.partial_task is not None:
+            self.partial_task.cancel()
 
     async def final_ready(self) -> None:
         """Wait until the ahead task has its transcript (or has ended without one)."""
@@ -73,19 +80,34 @@ class Utterance:
             await asyncio.wait([ahead, waiter], return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
 
-    def savings(self, endpoint_ns: int, history_len: int) -> dict[str, Any]:
-        """How much recognition and prefill ran before the endpoint, i.e. was not paid after it."""
+    def savings(self, endpoint_ns: int, llm_start_ns: int | None = None, reply_reused_tokens: int | None = None) -> dict[str, Any]:
+        """What the work ahead of the endpoint saved the reply.
+
+        asr_ms: the part of the final decode that ran before the endpoint. prefill_ms: the engine time of the
+        ahead prefill that ran before the reply's request started, scaled by the share of its tokens the reply
+        actually reused (its prompt diverges where the final transcript differs from the committed text); 0
+        until the reply's reuse is known. prefill_tokens: tokens the ahead prefill computed; reused_tokens: how
+        many of those the reply took from the cache."""
         asr_ms = 0.0
         if self.ahead_start_ns is not None and self.final_ns is not None:
             asr_ms = max(0.0, (min(self.final_ns, endpoint_ns) - self.ahead_start_ns) / 1e6)
-        prefill_ms = 0.0
-        done, start = self.prefill_done_ns, self.prefill_start_ns
-        if done is not None and start is not None and self.prefill_history_len == history_len:
-            prefill_ms = max(0.0, (min(done, endpoint_ns) - start) / 1e6)
+        prefill_ms, computed, used = 0.0, 0, 0
+        result, done = self.prefill_result, self.prefill_done_ns
+        if result is not None and done is not None:
+            computed = result.prefill_tokens
+            if reply_reused_tokens is not None and computed > 0:
+                # tokens the reply found cached beyond what the cache held before the ahead prefill
+                used = max(0, min(computed, reply_reused_tokens - result.reused_tokens))
+                compute_start = done - int(result.prefill_ms * 1e6)  # the engine's forward ends at about `done`
+                before = (done if llm_start_ns is None else min(done, llm_start_ns)) - compute_start
+                prefill_ms = max(0.0, before / 1e6) * used / computed
         return {
             "asr_ms": round(asr_ms, 3),
             "prefill_ms": round(prefill_ms, 3),
             "saved_ms": round(asr_ms + prefill_ms, 3),
+            "prefill_tokens": computed,
+            "reused_tokens": used,
             "discarded": self.discarded_ahead,
         }

@@ -25,6 +25,7 @@ class LlmFinish:
     prefill_tokens: int
     reused_tokens: int
     decode_tokens: int
+    queue_ms: float = 0.0  # submit -> prefill start: e.g. waiting behind this session's ahead prefill
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def _translate(ev: Any) -> LlmEvent:
         return LlmToken(ev.text)
     if isinstance(ev, FinishEvent):
         t = ev.timings
-        return LlmFinish(ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens))
+        return LlmFinish(
+            ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens), float(t.queue_ms)
+        )
     if isinstance(ev, ErrorEvent):
         return LlmError(ev.message)
     raise TypeError(f"unexpected engine event {type(ev).__name__}")

@@ -51,20 +51,29 @@ class PersonaSpec:
 class PhraseSpan:
     text: str
     start_ms: float  # audio time within the reply where this phrase starts
-    end_ms: float
+    end_ms: float  # where its audio synthesised so far ends
+    complete: bool = True  # False while its synthesis is still running: end_ms is not its real end yet
 
 
 def spoken_text(spans: list[PhraseSpan], played_ms: float) -> str:
     """The words whose audio lies within the first `played_ms` of the reply (a phrase cut mid-way keeps the
-    share of its words proportional to the share of its audio played)."""
+    share of its words proportional to the share of its audio played). A phrase still being synthesised is
+    taken to last as long as its text would at the pace of the finished phrases, so hearing all of its audio
+    so far does not count as hearing all of its words."""
+    done = [s for s in spans if s.complete and s.text]
+    ms_per_char = sum(s.end_ms - s.start_ms for s in done) / sum(len(s.text) for s in done) if done else 0.0
     words: list[str] = []
     for span in spans:
-        if played_ms >= span.end_ms:
+        length_ms = span.end_ms - span.start_ms
+        if not span.complete:
+            length_ms = max(length_ms, ms_per_char * len(span.text))
+        end_ms = span.start_ms + length_ms
+        if played_ms >= end_ms:  # (a first phrase still being synthesised has no pace to go by: its audio so far)
             words.extend(span.text.split())
             continue
-        if played_ms > span.start_ms and span.end_ms > span.start_ms:
+        if played_ms > span.start_ms and length_ms > 0:
             phrase_words = span.text.split()
-            share = (played_ms - span.start_ms) / (span.end_ms - span.start_ms)
+            share = (played_ms - span.start_ms) / length_ms
             words.extend(phrase_words[: int(share * len(phrase_words))])
         break
     return " ".join(words)
@@ -140,12 +149,15 @@ class Reply:
     async def _speak(self, phrases: asyncio.Queue[str | None]) -> None:
         while (phrase := await phrases.get()) is not None:
             start_ms = self.spans[-1].end_ms if self.spans else 0.0
-            self.spans.append(PhraseSpan(phrase, start_ms, start_ms))
+            self.spans.append(PhraseSpan(phrase, start_ms, start_ms, complete=False))
             async for chunk in self._synthesize(phrase):
                 # the span grows as its audio is known, so a barge-in mid-phrase maps to the right words
                 last = self.spans[-1]
-                self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms + 1000.0 * len(chunk) / self.output_sample_rate)
+                chunk_ms = 1000.0 * len(chunk) / self.output_sample_rate
+                self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms + chunk_ms, complete=False)
                 await self._send_audio(chunk)
+            last = self.spans[-1]
+            self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms)
 
     async def _synthesize(self, phrase: str) -> AsyncIterator[np.ndarray]:
         """Run the TTS generator in a worker thread; chunks come back through the loop. Leaving early sets

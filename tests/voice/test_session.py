@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import warnings
+
+import numpy as np
 
 import pytest
 
@@ -95,18 +99,62 @@ async def test_greeting_is_spoken_first_and_enters_history_without_a_trace() -> 
 
 async def test_ahead_of_endpoint_recognition_and_prefill_are_reused() -> None:
     async with Harness() as h:
-        await h.feed(tone(600))
+        await h.feed(tone(1200), pause_s=0.02)  # paced, so partials agree and the text is committed
         await h.feed(quiet(700), pause_s=0.005)
         trace = await h.wait_for("turn.trace")
         prefill, real = h.engine.requests
         assert prefill.sampling.max_new_tokens == 0 and real.sampling.max_new_tokens == 50
-        assert prefill.messages == real.messages
-        assert trace["llm"]["reused_tokens"] == len(prefill.messages) + sum(len(m.content.split()) for m in prefill.messages)
-        assert trace["llm"]["prefill_tokens"] == 0
+        assert prefill.messages == real.messages  # the committed partial was the final text
+        prompt_words = len(prefill.messages) + sum(len(m.content.split()) for m in prefill.messages)
+        assert trace["llm"]["reused_tokens"] == prompt_words and trace["llm"]["prefill_tokens"] == 0
+        ahead = trace["ahead"]
+        assert (ahead["prefill_tokens"], ahead["reused_tokens"], ahead["discarded"]) == (prompt_words, prompt_words, 0)
         assert trace["stages_ms"]["asr"] <= 0  # recognition finished before the endpoint
-        assert trace["ahead"]["asr_ms"] > 0 and trace["ahead"]["discarded"] == 0
-        assert trace["ahead"]["saved_ms"] == pytest.approx(trace["ahead"]["asr_ms"] + trace["ahead"]["prefill_ms"], abs=0.01)
-        assert len(h.transcriber.calls_ms) >= 1 and len(h.of("transcript.final")) == 1
+        assert ahead["asr_ms"] > 0 and ahead["prefill_ms"] > 0
+        assert ahead["saved_ms"] == pytest.approx(ahead["asr_ms"] + ahead["prefill_ms"], abs=0.01)
+        assert len(h.of("transcript.final")) == 1
+
+
+async def test_prefill_starts_beside_the_final_decode_and_the_reply_does_not_wait_for_it() -> None:
+    # a final decode (0.3 s) and a prefill (1.5 s) both longer than what is left of the hangover
+    engine = FakeEngine(prefill_s=1.5)
+    async with Harness(engine=engine, transcriber=FakeTranscriber(delay_s=0.3)) as h:
+        await h.feed(tone(1600), pause_s=0.02)
+        await h.feed(quiet(700), pause_s=0.005)
+        trace = await h.wait_for("turn.trace", timeout_s=30)
+        prefill, real = engine.requests
+        assert prefill.sampling.max_new_tokens == 0 and prefill.messages[-1].content == "what is the weather like today"
+        asr_final_ns = h.traces[0].marks_ns["asr_final"]
+        prefill_submit_ns, real_submit_ns = engine.submitted_ns
+        prefill_done_ns = engine.prefilled_ns[0]
+        assert prefill_submit_ns < asr_final_ns  # started at the pause, not after the final decode
+        assert real_submit_ns < prefill_done_ns  # the reply's request queued behind it, nothing waited for it
+        assert trace["llm"]["reused_tokens"] > 0 and trace["llm"]["queue_ms"] > 0
+        ahead = trace["ahead"]
+        assert ahead["reused_tokens"] == ahead["prefill_tokens"] > 0
+        # only the prefill time before the reply's request started counts as saved (it ran on after that)
+        assert 0 < ahead["prefill_ms"] < 1500.0
+
+
+async def test_savings_count_only_the_prefill_tokens_the_reply_reused() -> None:
+    from voice.listen import Utterance
+    from voice.llm_bridge import LlmFinish
+    from voice.trace import TurnTrace
+
+    utt = Utterance(1, TurnTrace(1), 0.0, stt=None, during_reply=False)  # type: ignore[arg-type]
+    ms = 1_000_000
+    utt.ahead_start_ns, utt.final_ns = 100 * ms, 400 * ms
+    # the ahead prefill found 10 tokens cached, computed 40 more in 80 ms, ending at 300 ms
+    utt.prefill_result = LlmFinish("length", prefill_ms=80.0, prefill_tokens=40, reused_tokens=10, decode_tokens=0)
+    utt.prefill_done_ns = 300 * ms
+    # the final diverged from the committed text: the reply reused 35 tokens, 25 of them from the ahead prefill
+    got = utt.savings(endpoint_ns=350 * ms, llm_start_ns=500 * ms, reply_reused_tokens=35)
+    assert got == {"asr_ms": 250.0, "prefill_ms": 50.0, "saved_ms": 300.0, "prefill_tokens": 40, "reused_tokens": 25,
+                   "discarded": 0}  # fmt: skip
+    # a reply request that started half-way through the prefill saved only the half that ran before it
+    assert utt.savings(350 * ms, 260 * ms, 50)["prefill_ms"] == 40.0
+    # before the reply's reuse is known nothing is claimed for the prefill
+    assert utt.savings(350 * ms)["prefill_ms"] == 0.0
 
 
 async def test_speech_resuming_in_the_hangover_discards_the_ahead_work() -> None:
@@ -118,10 +166,26 @@ async def test_speech_resuming_in_the_hangover_discards_the_ahead_work() -> None
         await h.feed(quiet(700), pause_s=0.005)
         trace = await h.wait_for("turn.trace")
         assert len(h.of("vad.speech_started")) == 1 and len(h.of("transcript.final")) == 1
-        assert trace["ahead"]["discarded"] == 1
+        assert trace["ahead"]["discarded"] == 1 and trace["ahead"]["prefill_ms"] == 0.0
         # the final decode that was used covers both stretches of speech
         assert max(transcriber.calls_ms) >= 1100.0
         assert h.engine.requests[-1].sampling.max_new_tokens == 50
+
+
+async def test_resume_in_the_hangover_leaves_no_coroutine_unawaited() -> None:
+    """All audio queued at once: the listen loop pauses and resumes without yielding, so the ahead tasks are
+    cancelled before their first step (this once left 'coroutine Session._ahead was never awaited')."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with Harness() as h:
+            audio = np.concatenate([tone(400), quiet(300), tone(400), quiet(700)])
+            for i in range(0, len(audio), 320):
+                h.session.push_audio(audio[i : i + 320], time.perf_counter_ns())
+            trace = await h.wait_for("turn.trace")
+            assert trace["ahead"]["discarded"] == 1
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert unawaited == []
 
 
 async def test_empty_transcript_makes_no_reply() -> None:

@@ -31,9 +31,10 @@ async def test_speech_during_reply_clears_audio_cancels_everything_and_keeps_wha
         start_ms = h.audio_ms
         at_ms = await h.feed(tone(800), until=cleared)
         assert at_ms is not None, "no response.audio.clear"
-        # the clear comes once the speech has lasted barge_in_min_speech_ms (300), within a frame or two
-        assert 300.0 <= at_ms - start_ms <= 340.0
-        assert h.of("response.audio.clear")[0]["t_ms"] == start_ms + 300.0  # the frame that decided it
+        # the clear comes once the speech has lasted barge_in_min_speech_ms (200), within a frame or two
+        assert h.settings.barge_in_min_speech_ms == 200.0
+        assert 200.0 <= at_ms - start_ms <= 240.0
+        assert h.of("response.audio.clear")[0]["t_ms"] == start_ms + 200.0  # the frame that decided it
         done = await h.wait_for("response.done")
         assert h.of("response.audio.clear")[0]["turn_id"] == turn == done["turn_id"]
         assert done["interrupted"]
@@ -72,9 +73,9 @@ async def test_without_playback_marks_history_keeps_the_audio_sent() -> None:
 async def test_short_burst_and_backchannel_do_not_interrupt() -> None:
     async with Harness(engine=FakeEngine(reply_words=LONG_REPLY[:18], token_s=0.01)) as h:
         await _until_reply_audio(h)
-        await h.feed(tone(150))  # a 150 ms burst: starts speech (>=120 ms) but is under the 300 ms barge-in minimum
+        await h.feed(tone(150))  # a 150 ms burst: starts speech (>=120 ms) but is under the 200 ms barge-in minimum
         await h.feed(quiet(700))
-        await h.feed(tone(200))  # "uh-huh"
+        await h.feed(tone(160))  # "uh-huh" (the 20 ms VAD frames it touches add up to under 200 ms)
         await h.feed(quiet(700))
         done = await h.wait_for("response.done")
         assert not done["interrupted"] and not h.of("response.audio.clear")
@@ -106,3 +107,41 @@ async def test_closing_mid_reply_leaves_no_task_slot_or_tts_work() -> None:
     assert h.engine.cancelled == 1
     leftover = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Session.", "Reply."))]
     assert leftover == []
+
+
+async def test_persona_switch_greets_in_the_new_voice() -> None:
+    async with Harness(greet=True) as h:
+        first = await h.wait_for("response.done")
+        assert first["text"] == "Hello there."
+        h.session.update(persona="storyteller")
+        done = await h.wait_for("response.done", 2)
+        assert done["text"] == "Hello there, traveller." and not done["interrupted"]
+        assert done["turn_id"] == first["turn_id"] + 1
+        assert " ".join(text for text, _, _ in h.kal.calls) == "Hello there, traveller."  # the storyteller's own voice
+        assert {(rate, voice) for _, rate, voice in h.kal.calls} == {(1.0, "kal")} and len(h.tts.calls) == 1
+        assert [m["turn_id"] for m in h.of("audio")][-1] == done["turn_id"]
+        assert h.session.history == [("assistant", "Hello there."), ("assistant", "Hello there, traveller.")]
+        assert not h.engine.requests and not h.of("turn.trace") and not h.of("response.audio.clear")
+        # a voice change alone, or a persona without a greeting, says nothing
+        h.session.update(voice="joe")
+        h.session.update(persona="concise")
+        await asyncio.sleep(0.2)
+        assert len(h.of("response.done")) == 2
+
+
+async def test_persona_switch_during_a_reply_ends_it_like_a_barge_in_then_greets() -> None:
+    async with Harness(engine=long_engine(), greet=True) as h:
+        await h.wait_for("response.done")
+        turn = h.session.text_input("tell me a long story")
+        await h.wait_for("audio", len(h.of("audio")) + 1)
+        h.session.update(persona="storyteller")
+        greeting = await h.wait_for("response.done", 3)
+        cut = h.of("response.done")[1]
+        assert cut["turn_id"] == turn and cut["interrupted"]
+        assert [m["turn_id"] for m in h.of("response.audio.clear")] == [turn]
+        assert greeting["turn_id"] == turn + 1 and greeting["text"] == "Hello there, traveller."
+        clear_at = h.messages.index(h.of("response.audio.clear")[0])
+        assert not [m for m in h.messages[clear_at:] if m["type"] == "audio" and m["turn_id"] == turn]
+        assert h.session.history[-1] == ("assistant", "Hello there, traveller.")
+        await asyncio.sleep(0.1)
+        assert h.engine.cancelled == 1
