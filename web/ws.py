@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -31,21 +32,54 @@ class _Closed(Exception):
 
 
 class RateLimiter:
-    """Token bucket: `rate` messages a second with a burst of one second's worth."""
+    """Token bucket over messages: `rate` a second refilled by wall time, a burst of `burst_s` seconds' worth.
 
-    def __init__(self, rate: float) -> None:
+    Refill is measured between reads, and a server that stalled did not read: a well-behaved client's
+    messages from the stall then arrive all at once. So the bucket may hold what the time since the last
+    read earned (up to `stall_s` seconds' worth), not only the burst: a backlog after a stall passes, while a
+    client that keeps sending faster than `rate` empties the bucket and is refused.
+    """
+
+    def __init__(self, rate: float, burst_s: float = 1.0, stall_s: float = 10.0) -> None:
         self.rate = rate
-        self.tokens = rate
+        self.burst = rate * burst_s
+        self.max_credit = rate * max(burst_s, stall_s)
+        self.tokens = self.burst
         self.last = time.monotonic()
 
-    def allow(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+    def allow(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        earned = max(0.0, now - self.last) * self.rate
         self.last = now
+        # accrual stops at the burst, or at what this one gap earned when that is more (a stall's backlog);
+        # credit already held above it is kept until spent, so the backlog drains over the following reads
+        cap = max(self.burst, min(earned, self.max_credit), self.tokens)
+        self.tokens = min(self.tokens + earned, cap)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
         return False
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...] | list[str]) -> bool:
+    """No Origin (not a browser), a configured one, or the page's own server: an Origin whose host:port is the
+    request's Host header (a page Parley served, whatever address or port it runs on)."""
+    if origin is None or origin in allowed:
+        return True
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or host is None:
+        return False
+    default_port = {"http": 80, "https": 443}[parts.scheme]
+    theirs, ours = _host_port(parts.netloc, default_port), _host_port(host, default_port)
+    return theirs is not None and theirs == ours
+
+
+def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit("//" + netloc.strip())
+        return (parts.hostname or "").lower(), parts.port or default_port
+    except ValueError:  # a malformed port
+        return None
 
 
 def _token_ok(ws: WebSocket, expected: str) -> bool:
@@ -61,7 +95,7 @@ async def handle(ws: WebSocket, state: "AppState") -> None:
     server = state.cfg.server
     origin = ws.headers.get("origin")
     refusal: tuple[str, str, int] | None = None
-    if origin is not None and origin not in server.allowed_origins:
+    if not origin_allowed(origin, ws.headers.get("host"), server.allowed_origins):
         refusal = ("forbidden_origin", f"origin {origin!r} is not allowed", P.CLOSE_POLICY)
     elif server.token and not _token_ok(ws, server.token):
         refusal = ("unauthorized", "missing or wrong token (use ?token= or Authorization: Bearer)", P.CLOSE_POLICY)
@@ -111,6 +145,7 @@ class Connection:
         self.rate = RateLimiter(self.limits.max_messages_per_s)
         self.close_code = P.CLOSE_NORMAL
         self._last_rate_error = 0.0
+        self._rate_dropped = 0
         self._writing = False
 
     async def run(self) -> None:
@@ -233,10 +268,13 @@ class Connection:
         self.outbox.send("error", code=code, message=message, fatal=fatal)
 
     def _rate_error(self) -> None:
+        self._rate_dropped += 1
         now = time.monotonic()
         if now - self._last_rate_error >= 1.0:  # one error a second, not one per dropped message
             self._last_rate_error = now
-            self._error("rate_limited", f"more than {self.limits.max_messages_per_s:g} messages a second; dropped")
+            rate = self.limits.max_messages_per_s
+            self._error("rate_limited", f"sustained over {rate:g} messages a second (beyond a {rate:g}-message burst); "
+                        f"{self._rate_dropped} dropped so far")  # fmt: skip
 
     # -- writing -------------------------------------------------------------------------------
 

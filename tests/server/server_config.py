@@ -13,7 +13,7 @@ TOKEN = "test-token"
 
 
 def write_test_config(root: Path, **server: Any) -> Path:
-    """configs/ copied to `root`, replies capped short (test runtime), barge-in at 200 ms."""
+    """configs/ copied to `root`, replies capped short (test runtime); VAD and barge-in settings as shipped."""
     dst = root / "configs"
     shutil.copytree(DEFAULT_CONFIG.parent, dst)
     for name in ("assistant", "concise"):
@@ -22,7 +22,6 @@ def write_test_config(root: Path, **server: Any) -> Path:
         data["max_reply_tokens"] = 36 if name == "assistant" else 20
         path.write_text(yaml.safe_dump(data))
     data = yaml.safe_load((dst / "default.yaml").read_text())
-    data["vad"]["barge_in_min_speech_ms"] = 200
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
                            "idle_timeout_s": 30, **server})  # fmt: skip
     (dst / "default.yaml").write_text(yaml.safe_dump(data))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import audio_corpus as corpus
+from web.config import DEFAULT_CONFIG, load_config
 from ws_client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -33,6 +34,8 @@ async def _health(live_server) -> dict:
 
 
 async def test_speech_during_reply_clears_it_within_300ms_and_history_keeps_the_spoken_part(live_server) -> None:
+    # the shipped barge-in minimum, not a test override, is what must meet the 300 ms bound
+    assert live_server.cfg.vad.barge_in_min_speech_ms == load_config(DEFAULT_CONFIG).vad.barge_in_min_speech_ms == 200
     speech, rate = corpus.speak_piper(INTERRUPTION)
     speech = corpus.to_16k(speech, rate)
     onset_ms, _ = corpus.speech_bounds_ms(speech, corpus.ASR_RATE)

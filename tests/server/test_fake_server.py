@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeVad, tone
+from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeVad, quiet, tone
 from server_config import write_test_config
 from voice.llm_bridge import LlmBridge
 from voice.session import Stages
@@ -20,9 +20,13 @@ from voice.turn import VoiceBinding
 from web import runtime as rt
 from web.app import create_app
 from web.config import load_config
+from web.ws import RateLimiter, origin_allowed
 from ws_client import Client
 
 pytestmark = pytest.mark.timeout(60)
+
+
+LOOPS: dict[str, asyncio.AbstractEventLoop] = {}  # ws url -> the server's event loop (to stall it)
 
 
 def _serve(root: Path, **server: object) -> Iterator[str]:
@@ -32,12 +36,20 @@ def _serve(root: Path, **server: object) -> Iterator[str]:
     stages = Stages(FakeVad, FakeTranscriber(), LlmBridge(engine), {name: VoiceBinding(tts) for name in cfg.voices})
     app = create_app(cfg, runtime=rt.Runtime(stages=stages, engine=engine))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    async def serve() -> None:
+        loop.append(asyncio.get_running_loop())
+        await server.serve()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
     while not server.started:
         assert thread.is_alive()
         time.sleep(0.02)
-    yield f"ws://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/ws"
+    url = f"ws://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/ws"
+    LOOPS[url] = loop[0]
+    yield url
     server.should_exit = True
     thread.join(timeout=10)
 
@@ -94,6 +106,70 @@ async def test_message_flood_is_rate_limited_not_fatal(strict_server: str) -> No
         await asyncio.sleep(1.5)  # the bucket refills
         await c.send(type="session.update", voice="espeak")
         assert (await c.wait_for("session.updated"))["voice"] == "espeak" and c.close_code is None
+
+
+@pytest.fixture
+def audio_rate_server(tmp_path: Path) -> Iterator[str]:
+    # 60 messages a second: a 20 ms microphone (50/s) is within it, a 3 s backlog (150) is over its 1 s burst
+    yield from _serve(tmp_path, max_messages_per_s=60)
+
+
+async def test_a_backlog_after_a_server_stall_is_accepted_and_a_flood_is_not(audio_rate_server: str) -> None:
+    async with Client(audio_rate_server) as c:
+        await c.start(persona="concise")
+        await c.stream(quiet(500))
+        LOOPS[audio_rate_server].call_soon_threadsafe(time.sleep, 3.0)  # the server stops reading for 3 s
+        await c.stream(quiet(4000))  # a well-behaved microphone keeps sending through it, then after it
+        await c.send(type="session.update", voice="espeak")
+        assert (await c.wait_for("session.updated"))["voice"] == "espeak"
+        assert not c.of("error"), c.of("error")
+        for _ in range(600):  # then sustained abuse: ten seconds' worth at once
+            await c.send(type="playback.mark", turn_id=99, played_ms=0)
+        err = await c.wait_for("error")
+        assert (err["code"], err["fatal"]) == ("rate_limited", False) and "dropped" in err["message"]
+        assert c.close_code is None
+
+
+async def test_a_page_served_by_parley_itself_is_allowed_on_any_port_and_foreign_origins_are_not(fake_server: str) -> None:
+    port = int(fake_server.split(":")[2].split("/")[0])
+    assert f"http://127.0.0.1:{port}" not in ("http://127.0.0.1:8000", "http://localhost:8000")  # not configured
+    async with Client(fake_server, origin=f"http://127.0.0.1:{port}") as c:  # same origin as the Host header
+        assert (await c.start(persona="concise"))["session_id"]
+    for foreign in ("http://evil.example", f"http://evil.example:{port}", "http://127.0.0.1:1", f"https://127.0.0.1:{port + 1}"):
+        async with Client(fake_server, origin=foreign) as c:
+            err = await c.wait_for("error")
+            assert (err["code"], err["fatal"]) == ("forbidden_origin", True), foreign
+            assert await c.wait_closed() == 1008
+    async with Client(fake_server, origin="http://localhost:8000") as c:  # the configured list still applies
+        assert (await c.start(persona="concise"))["session_id"]
+
+
+def test_origin_rules() -> None:
+    allowed = ("http://localhost:8000",)
+    assert origin_allowed(None, "127.0.0.1:9000", allowed)  # not a browser
+    assert origin_allowed("http://localhost:8000", "127.0.0.1:9000", allowed)
+    assert origin_allowed("http://LocalHost:9000", "localhost:9000", allowed)
+    assert origin_allowed("http://parley.lan", "parley.lan:80", allowed)  # default ports
+    assert origin_allowed("https://parley.lan", "parley.lan", allowed)
+    assert not origin_allowed("http://parley.lan:9000", "parley.lan:9001", allowed)
+    assert not origin_allowed("http://evil.example", "parley.lan", allowed)
+    assert not origin_allowed("null", "parley.lan", allowed)
+    assert not origin_allowed("http://parley.lan:99999", "parley.lan:99999", allowed)  # malformed port
+    assert not origin_allowed("http://parley.lan", None, allowed)
+
+
+def test_rate_limiter_keeps_a_stalls_credit_until_spent_but_caps_idle_accrual_at_the_burst() -> None:
+    limiter = RateLimiter(50.0, burst_s=1.0, stall_s=10.0)
+    t = limiter.last
+    assert sum(limiter.allow(t) for _ in range(60)) == 50  # a 1 s burst, then refused
+    t += 2.0  # two seconds without a read: 100 messages' worth arrive at once
+    assert sum(limiter.allow(t) for _ in range(100)) == 100
+    assert not limiter.allow(t)
+    t += 60.0  # a long idle earns at most the stall cap (10 s worth), not a minute's worth
+    assert sum(limiter.allow(t) for _ in range(1000)) == 500
+    # a steady 50/s is always allowed; 100/s is refused about half the time
+    assert all(limiter.allow(t := t + 0.02) for _ in range(500))
+    assert 400 <= sum(limiter.allow(t := t + 0.01) for _ in range(1000)) <= 600
 
 
 async def test_48khz_input_is_resampled_to_16khz(fake_server: str) -> None:
