@@ -54,6 +54,9 @@ class LlmConfig(_Strict):
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     quant: Literal["none", "int8", "int4"] = "none"
+    group_size: int = Field(32, ge=8)  # int4 group size (the embedded Q4_1 file loads exactly at 32)
+    self_draft: Literal["none", "int8", "int4"] = "none"  # speculative decoding from a quantized copy
+    cuda_graphs: bool = False  # capture the decode step (CUDA only; ignored on CPU)
     max_seq_len: int = Field(2048, ge=128)
     max_slots: int = Field(8, ge=1)
 
