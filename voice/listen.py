@@ -82,14 +82,15 @@ class Utterance:
             waiter.cancel()
             await asyncio.gather(waiter, return_exceptions=True)
 
-    def savings(self, endpoint_ns: int, llm_start_ns: int | None = None, reply_reused_tokens: int | None = None) -> dict[str, Any]:
-        """What the work ahead of the endpoint saved the reply.
+    def savings(self, endpoint_ns: int, llm_start_ns: int | None = None, reply: LlmFinish | None = None) -> dict[str, Any]:
+        """What the work ahead of the endpoint saved the reply (`reply`: the reply request's finish, once known).
 
-        asr_ms: the part of the final decode that ran before the endpoint. prefill_ms: the engine time of the
-        ahead prefill that ran before the reply's request started, scaled by the share of its tokens the reply
-        actually reused (its prompt diverges where the final transcript differs from the committed text); 0
-        until the reply's reuse is known. prefill_tokens: tokens the ahead prefill computed; reused_tokens: how
-        many of those the reply took from the cache."""
+        asr_ms: the part of the final decode that ran before the endpoint. prefill_tokens: tokens the ahead
+        prefill computed; reused_tokens: how many of those the reply took from the cache (its prompt diverges
+        where the final transcript differs from the committed text). prefill_ms: the lesser of two estimates of
+        what computing those tokens would have cost the reply: the ahead prefill's engine time before the
+        reply's request started, and the reply's own per-token prefill time (the ahead forward shares the
+        cores with the final decode, so its wall time overstates the work). 0 until the reply's reuse is known."""
         asr_ms = 0.0
         if self.ahead_start_ns is not None and self.final_ns is not None:
             asr_ms = max(0.0, (min(self.final_ns, endpoint_ns) - self.ahead_start_ns) / 1e6)
@@ -97,12 +98,14 @@ class Utterance:
         result, done = self.prefill_result, self.prefill_done_ns
         if result is not None and done is not None:
             computed = result.prefill_tokens
-            if reply_reused_tokens is not None and computed > 0:
+            if reply is not None and computed > 0:
                 # tokens the reply found cached beyond what the cache held before the ahead prefill
-                used = max(0, min(computed, reply_reused_tokens - result.reused_tokens))
+                used = max(0, min(computed, reply.reused_tokens - result.reused_tokens))
                 compute_start = done - int(result.prefill_ms * 1e6)  # the engine's forward ends at about `done`
                 before = (done if llm_start_ns is None else min(done, llm_start_ns)) - compute_start
-                prefill_ms = max(0.0, before / 1e6) * used / computed
+                ahead_ms = max(0.0, before / 1e6) * used / computed
+                reply_ms = reply.prefill_ms / max(1, reply.prefill_tokens) * used
+                prefill_ms = min(ahead_ms, reply_ms)
         return {
             "asr_ms": round(asr_ms, 3),
             "prefill_ms": round(prefill_ms, 3),

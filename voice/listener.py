@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -116,7 +116,7 @@ class Listener:
                         utt.barged = True
                         self.conv.interrupt(t_ms=frame.end_ms)
 
-    def _on_vad(self, event: object, preroll: Sequence[np.ndarray]) -> None:
+    def _on_vad(self, event: object, preroll: deque[np.ndarray]) -> None:
         conv = self.conv
         if isinstance(event, SpeechStarted):
             turn_id = conv.new_turn()
@@ -125,7 +125,6 @@ class Listener:
             stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms)
             for samples in preroll:
                 stt.append(samples)
-            assert isinstance(preroll, deque)
             preroll.clear()
             self.utt = Utterance(turn_id, trace, event.t_ms, stt, during_reply=conv.replying())
             conv.outbox.send("vad.speech_started", t_ms=round(event.t_ms, 1))

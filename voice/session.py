@@ -19,7 +19,7 @@ from voice.listen import Utterance
 from voice.listener import SAMPLE_RATE, Listener, Overloaded
 from voice.llm_bridge import LlmBridge, LlmError, LlmFinish, LlmToken
 from voice.outbox import Outbox
-from voice.trace import TurnTrace, now_ns
+from voice.trace import TurnTrace
 from voice.turn import PersonaSpec, Reply, VoiceBinding, WorkCounter
 from voice.vad import Vad
 
@@ -322,7 +322,7 @@ class Session:
                         "decode_tokens": event.decode_tokens, "queue_ms": round(event.queue_ms, 3),
                     }  # fmt: skip
                     if utt is not None:
-                        trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"], llm_start_ns, event.reused_tokens)
+                        trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"], llm_start_ns, event)
                 elif isinstance(event, LlmError):
                     raise LlmFailed(event.message)
 
