@@ -95,6 +95,20 @@ async def test_typed_turn_over_the_socket_with_headered_audio(fake_server: str) 
         assert trace["input"] == "text" and "llm_ttft" in trace["stages_ms"]
 
 
+async def test_switching_persona_over_the_socket_greets_at_once(fake_server: str) -> None:
+    async with Client(fake_server) as c:
+        await c.start(persona="assistant")
+        first = await c.wait_for("response.done")
+        assert first["text"].startswith("Hi, I'm Parley")
+        await c.send(type="session.update", persona="storyteller")
+        updated = await c.wait_for("session.updated")
+        greeting = await c.wait_for("response.done", turn_id=first["turn_id"] + 1)
+        assert (updated["persona"], updated["voice"]) == ("storyteller", "kal")
+        assert greeting["text"].startswith("Hello there, traveller") and not greeting["interrupted"]
+        assert c.messages.index(updated) < c.messages.index(c.of("response.text.delta", greeting["turn_id"])[0])
+        assert c.of("audio", greeting["turn_id"]) and not c.of("turn.trace")
+
+
 async def test_message_flood_is_rate_limited_not_fatal(strict_server: str) -> None:
     async with Client(strict_server) as c:
         await c.start(persona="concise")
