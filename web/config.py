@@ -35,7 +35,7 @@ class VadConfig(_Strict):
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
     hangover_ms: int = Field(500, ge=0)
-    barge_in_min_speech_ms: int = Field(300, ge=0)  # a cough or "uh-huh" is shorter
+    barge_in_min_speech_ms: int = Field(200, ge=0)  # a cough or "uh-huh" is shorter
 
 
 class AsrModel(_Strict):

@@ -116,10 +116,15 @@ def load(cfg: AppConfig) -> Runtime:
 
     t0 = time.perf_counter()
     m = cfg.models.llm
-    device = "cpu" if m.device == "auto" else m.device
+    device = m.device
+    if device == "auto":
+        import torch  # lazy: only here do we need to ask whether a GPU exists
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     engine = Engine.from_path(
         resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
-        max_slots=m.max_slots, quant=m.quant,
+        max_slots=m.max_slots, quant=m.quant, group_size=m.group_size, self_draft=m.self_draft,
+        cuda_graphs=m.cuda_graphs,
     )
     engine.start()
     times["llm"] = time.perf_counter() - t0

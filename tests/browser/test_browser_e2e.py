@@ -138,18 +138,27 @@ def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -
     page.select_option("#persona", "storyteller")
     page.wait_for_function("window.parleyStats.persona === 'storyteller' || document.querySelector('#voice').value === 'kal'")
     assert page.input_value("#voice") == "kal"
+    # The server greets as the new persona at once, in the new voice, without a reload.
+    page.wait_for_function("window.parleyStats.done.length >= 2", timeout=180_000)
+    wait_page(page, "[...document.querySelectorAll('#conversation .msg.assistant')]"
+                    ".some(m => m.innerText.includes('Hello there, traveller'))", 60_000, server)
+    s = stats(page)
+    joe_turn, kal_turn = s["done"][0]["turnId"], s["done"][1]["turnId"]
+    page.wait_for_function(f"window.parleyStats.turnAudio['{kal_turn}']?.playedS > 0.3", timeout=60_000)
+    # The next reply keeps the storyteller's voice.
     page.fill("#text", "Say hello.")
     page.press("#text", "Enter")
-    page.wait_for_function("window.parleyStats.done.length >= 2", timeout=180_000)
+    page.wait_for_function("window.parleyStats.done.length >= 3", timeout=180_000)
     s = stats(page)
-    greeting_turn, reply_turn = s["done"][0]["turnId"], s["done"][-1]["turnId"]
+    reply_turn = s["done"][-1]["turnId"]
     assert str(reply_turn) in s["firstPlayed"]  # the storyteller's reply was heard
     page.wait_for_function(f"window.parleyStats.turnAudio['{reply_turn}']?.playedS > 0.3", timeout=60_000)
     s = stats(page)
-    joe, kal = s["turnAudio"][str(greeting_turn)], s["turnAudio"][str(reply_turn)]
-    print(f"\nenergy above 5.5 kHz: joe greeting {joe}, kal reply {kal}")
+    joe, kal, reply = (s["turnAudio"][str(t)] for t in (joe_turn, kal_turn, reply_turn))
+    print(f"\nenergy above 5.5 kHz: joe greeting {joe}, kal greeting {kal}, kal reply {reply}")
     # Piper joe is wideband; flite kal is 8 kHz speech: the played audio itself changed voice.
     assert kal["hfRatio"] < 0.5 * joe["hfRatio"], (joe, kal)
+    assert reply["hfRatio"] < 0.5 * joe["hfRatio"], (joe, reply)
     # A new session with the remembered persona greets as the storyteller.
     page.reload()
     page.wait_for_function("window.parleyStats.done.length >= 1", timeout=120_000)
