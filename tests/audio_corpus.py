@@ -65,12 +65,19 @@ def _piper_voice():  # -> piper.PiperVoice; cached because loading costs ~0.4 s
     return PiperVoice.load(find_embedded("tts"))
 
 
-def speak_piper(text: str, *, length_scale: float = 1.0) -> tuple[np.ndarray, int]:
-    """Speak `text` with the embedded Piper voice; returns (float32 [N], 22050)."""
+def speak_piper(text: str, *, length_scale: float = 1.0, deterministic: bool = False) -> tuple[np.ndarray, int]:
+    """Speak `text` with the embedded Piper voice; returns (float32 [N], 22050).
+
+    Piper samples its prosody from noise generated inside the ONNX graph (not seedable), so each call
+    sounds a little different; `deterministic` turns that noise off for tests that need exact timing.
+    """
     from piper import SynthesisConfig
 
     voice = _piper_voice()
-    chunks = [c.audio_float_array for c in voice.synthesize(text, SynthesisConfig(length_scale=length_scale))]
+    syn = SynthesisConfig(length_scale=length_scale)
+    if deterministic:
+        syn = SynthesisConfig(length_scale=length_scale, noise_scale=0.0, noise_w_scale=0.0)
+    chunks = [c.audio_float_array for c in voice.synthesize(text, syn)]
     return np.concatenate(chunks).astype(np.float32), int(voice.config.sample_rate)
 
 

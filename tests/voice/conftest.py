@@ -34,6 +34,12 @@ def corpus_piper() -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="session")
+def corpus_piper_fixed() -> list[np.ndarray]:
+    """The corpus spoken by Piper without its prosody noise: the same audio on every run, for timing bounds."""
+    return [corpus.to_16k(*corpus.speak_piper(text, deterministic=True)) for text in corpus.REQUESTS]
+
+
+@pytest.fixture(scope="session")
 def corpus_flite() -> list[np.ndarray]:
     """Every request spoken by flite (slt voice), 16 kHz float32."""
     return [corpus.to_16k(*corpus.speak_flite(text)) for text in corpus.REQUESTS]
