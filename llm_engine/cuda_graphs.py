@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from llm_engine.kv_cache import StaticKVCache
-from llm_engine.model import Transformer, apply_rope
+from llm_engine.model import Transformer
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
 
@@ -37,10 +37,7 @@ def static_decode_step(
     for block in model.layers:
         attn = block.self_attn
         h = block.input_layernorm(x)
-        q = attn.q_proj(h).view(b, 1, attn.n_heads, attn.head_dim).transpose(1, 2)  # [B, H, 1, D]
-        k = attn.k_proj(h).view(b, 1, attn.n_kv, attn.head_dim).transpose(1, 2)  # [B, Hkv, 1, D]
-        v = attn.v_proj(h).view(b, 1, attn.n_kv, attn.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = attn.project(h, cos, sin)  # [B, H, 1, D], [B, Hkv, 1, D] x2
         ck, cv = cache.k[attn.layer], cache.v[attn.layer]  # [slots, Hkv, S, D]
         ck[slot_idx, :, pos] = k[:, :, 0]  # advanced indices around a slice: target is [B, Hkv, D]
         cv[slot_idx, :, pos] = v[:, :, 0]
@@ -48,9 +45,7 @@ def static_decode_step(
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=attn.n_kv != attn.n_heads)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, attn.n_heads * attn.head_dim))
         x = x + block.mlp(block.post_attention_layernorm(x))
-    x = model.norm(x)
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    return F.linear(x[:, 0], head).float()  # [B, V]
+    return model.logits(model.norm(x[:, 0]))  # [B, V]
 
 
 class _Bucket:

@@ -50,19 +50,18 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
 
 
 def rope_tables(cfg: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> cos, sin [max_seq_len, head_dim] float32 (halves duplicated, the rotate-half layout)."""
+    """-> cos, signed sin [max_seq_len, head_dim] float32, the rotate-half layout (halves duplicated) with
+    the rotation's sign folded into the first half of sin, so apply_rope needs no negation."""
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2]
     pos = torch.arange(max_seq_len, dtype=torch.float32)
     freqs = torch.outer(pos, inv)  # [S, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
-    return emb.cos(), emb.sin()
+    return torch.cat([freqs, freqs], dim=-1).cos(), torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [B, 1, T, D] -> rotated x, same dtype as x."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos/signed_sin [B, 1, T, D] -> rotated x: x*cos + (x2, x1)*(-sin, sin), same dtype."""
+    swapped = x.roll(x.shape[-1] // 2, dims=-1)  # (x2, x1)
+    return (x * cos + swapped * signed_sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -74,6 +73,21 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj: nn.Module | None = None  # set by fuse.fuse_projections, replacing the three above
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] -> q [B, H, T, D] and k [B, Hkv, T, D] rotated, v [B, Hkv, T, D].
+
+        Queries and keys are rotated in one call, as one [B, H + Hkv, T, D] tensor (views of it come back).
+        """
+        b, t, _ = x.shape
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        heads = qkv.view(b, t, self.n_heads + 2 * self.n_kv, self.head_dim).transpose(1, 2)  # [B, H+2Hkv, T, D]
+        qk = apply_rope(heads[:, : self.n_heads + self.n_kv], cos, sin)
+        return qk[:, : self.n_heads], qk[:, self.n_heads :], heads[:, self.n_heads + self.n_kv :]
 
     def forward(
         self,
@@ -87,12 +101,14 @@ class Attention(nn.Module):
         kv_len: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.project(x, cos, sin)
         cache.write(self.layer, slots, input_pos, k, v)
         keys, values = cache.read(self.layer, slots, kv_len)  # [B, Hkv, kv_len, D]
+        if t == 1 and mask is None:
+            # One query per row that sees every key: the G query heads sharing a kv head are just G queries
+            # of that head, so plain attention over [B, Hkv, G, D] is grouped attention without the repeat.
+            out = F.scaled_dot_product_attention(q.reshape(b, self.n_kv, -1, self.head_dim), keys, values)
+            return self.o_proj(out.reshape(b, 1, self.n_heads * self.head_dim))  # [B, 1, hidden]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))  # [B, T, hidden]
 
@@ -103,9 +119,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse.fuse_projections, replacing gate and up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 class Block(nn.Module):
@@ -154,9 +175,14 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, input_pos, mask, cache, slots, kv_len)
         if logits_for == "last":
             x = x[:, -1:]
-        x = self.norm(x)
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head).float()
+        return self.logits(self.norm(x))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed hidden states [..., hidden] -> float32 logits [..., vocab]. With tied embeddings and no
+        separate (quantized) head module, the embedding matrix is the head."""
+        if self.lm_head is None:
+            return F.linear(x, self.embed_tokens.weight).float()
+        return self.lm_head(x).float()
 
 
 def causal_mask(input_pos: torch.Tensor, kv_len: int) -> torch.Tensor | None:

@@ -15,10 +15,11 @@ from torch import nn
 Scheme = Literal["none", "int8", "int4"]
 SCHEMES: tuple[str, ...] = ("none", "int8", "int4")
 
-# Above this many rows (prefill, long verify) the CPU pack kernels lose to dequantize+matmul
-# (measured on the 2-core Xeon: at 64 rows int4pack is ~25x slower than fp32 matmul, at 1-8 rows it wins).
-KERNEL_MAX_ROWS = 8
-_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Above this many rows the CPU pack kernels lose to dequantize+matmul. Measured on the 2-core Xeon for a
+# 1536x576 layer with torch 2.13: the kernels cost ~11 us per row, dequantize+matmul ~3-5 ms
+# flat, so the crossover is ~250 rows (int8) and ~450 (int4); a 128-token prefill chunk stays on the kernel.
+KERNEL_MAX_ROWS = 256
+_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 
 
 def kernel_dtype(device: torch.device) -> torch.dtype:
@@ -69,6 +70,29 @@ class Int8WeightOnlyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
+
+
+class Int8Head(Int8WeightOnlyLinear):
+    """The output head: int8 per channel through the bfloat16 kernel, with the top logits redone in float32.
+
+    The kernel returns bfloat16, whose step at a logit of ~30 is 0.125: a near-tie (common at the first
+    token of a reply) would round to an exact tie and greedy decoding would pick by index. Every logit
+    within 2^-6 of its row's maximum (a few bfloat16 steps) is recomputed from its int8 row in float32, so
+    the argmax is the int8 head's exact argmax; the other logits keep bfloat16 precision (about 0.4 %).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x).float()  # [..., V]
+        if not (self.use_kernel and x.numel() // self.in_features <= KERNEL_MAX_ROWS):
+            return y  # the dequantize path computed in the model's dtype already
+        y2, x2 = y.view(-1, self.out_features), x.reshape(-1, self.in_features).float()
+        top = y2.amax(dim=-1, keepdim=True)  # [M, 1]
+        rows, cols = (y2 >= top - top.abs() * 2.0**-6).nonzero(as_tuple=True)
+        exact = (x2[rows] * (self.qweight[cols].float() * self.scales[cols, None])).sum(-1)  # [C]
+        if self.bias is not None:
+            exact = exact + self.bias[cols].float()
+        y2[rows, cols] = exact
+        return y
 
 
 def pick_inner_k_tiles(in_features: int) -> int:
@@ -186,9 +210,13 @@ def quantize_model(
     group_size: int = 32,
     use_kernel: bool = True,
     replacements: dict[str, nn.Module] | None = None,
+    head: bool = True,
 ) -> nn.Module:
-    """Swap the projection Linears of every block in place; embeddings and the (tied) head stay as they are.
+    """Swap the projection Linears of every block in place, and (head=True) the output head for an int8 one.
 
+    The head is int8 per channel whatever the scheme, as llama.cpp's Q4_1 files keep it (Q8_0): it is the
+    largest single matrix a decode step reads (vocab x hidden), and 4 bits there cost more accuracy than
+    anywhere else. A tied head gets its own int8 copy; the embedding rows stay float for the lookup.
     `replacements` maps a module path ("layers.3.mlp.up_proj") to a ready quantized layer (GGUF blocks);
     the rest are quantized from their float weights. Returns the same model.
     """
@@ -206,7 +234,18 @@ def quantize_model(
             if child.bias is not None and new.bias is None:
                 new.bias = child.bias.detach().clone()  # GGUF keeps biases as separate float tensors
             setattr(module, child_name, new.to(child.weight.device))
+    if head:
+        quantize_head(model, use_kernel=use_kernel)
     return model
+
+
+def quantize_head(model: nn.Module, *, use_kernel: bool = True) -> None:
+    """model.lm_head <- int8 per-channel copy of the head (or of the tied embedding); no-op if already quantized."""
+    current = getattr(model, "lm_head", None)
+    if current is not None and not isinstance(current, nn.Linear):
+        return
+    weight = model.embed_tokens.weight if current is None else current.weight
+    model.lm_head = Int8Head.from_float(weight, use_kernel=use_kernel)
 
 
 def weight_bytes_per_token(model: nn.Module) -> int:

@@ -57,12 +57,14 @@ def chat_ids(folder: Path, prompts: tuple[str, ...] = PROMPTS) -> list[list[int]
     return [tok.apply_chat_template([ChatMessage("user", p)]) for p in prompts]
 
 
-def tiny_model(seed: int, *, layers: int = 2, vocab: int = 64, hidden: int = 64, max_seq_len: int = 128, spread: float = 0.15) -> Transformer:
+def tiny_model(
+    seed: int, *, layers: int = 2, vocab: int = 64, hidden: int = 64, max_seq_len: int = 128, spread: float = 0.15, tied: bool = False
+) -> Transformer:
     """A random Llama built straight from our config (no files): used as target/draft pairs."""
     from llm_engine.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
-                      num_heads=4, num_kv_heads=2, head_dim=hidden // 4)  # fmt: skip
+                      num_heads=4, num_kv_heads=2, head_dim=hidden // 4, tie_word_embeddings=tied)  # fmt: skip
     torch.manual_seed(seed)
     model = Transformer(cfg, max_seq_len)
     with torch.no_grad():

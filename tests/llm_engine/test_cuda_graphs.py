@@ -56,9 +56,13 @@ def test_static_step_matches_eager_per_row_with_padding(quant: str) -> None:
     got = dec.decode(tokens, positions, slots)
     want = eager_rows(model, cache_e, tokens, positions, slots)
     assert got.shape == (3, model.cfg.vocab_size)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # The quantized heads give bfloat16 logits, rounded after an accumulation whose blocking depends on the
+    # row count (4 padded rows here, 1 in the reference): allow two bfloat16 steps there.
+    tol = 1e-4 if quant == "none" else 2 * torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     for s, p in zip(slots, positions):
-        torch.testing.assert_close(cache_s.k[:, s, :, : p + 1], cache_e.k[:, s, :, : p + 1])
+        # Layer 0's keys come before any quantized rounding; deeper ones inherit the bfloat16 steps above.
+        torch.testing.assert_close(cache_s.k[:, s, :, : p + 1], cache_e.k[:, s, :, : p + 1], rtol=tol, atol=tol)
 
 
 def test_static_step_ignores_stale_rows_past_the_position() -> None:

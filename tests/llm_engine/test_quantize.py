@@ -13,6 +13,7 @@ from llm_engine.gguf_quant import read_quantized_linears, unpack_q4_1, unpack_q8
 from llm_engine.quantize import (
     KERNEL_MAX_ROWS,
     Int4WeightOnlyLinear,
+    Int8Head,
     Int8WeightOnlyLinear,
     quantize_model,
     weight_bytes_per_token,
@@ -97,14 +98,51 @@ def test_quantize_model_swaps_projections_only_and_counts_bytes() -> None:
     model = tiny_model(0, layers=2, vocab=64, hidden=64)
     fp_bytes = weight_bytes_per_token(model)
     quantize_model(model, "int4", group_size=32)
-    linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-    assert linears == {"lm_head"}  # the head (and the embedding) keep their float weights
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert sum(isinstance(m, Int4WeightOnlyLinear) for m in model.modules()) == 2 * 7
-    assert isinstance(model.embed_tokens, nn.Embedding)
-    # 7 projections per layer at 4 bits + scale tables, plus the fp32 head (64x64).
-    assert weight_bytes_per_token(model) < fp_bytes / 3
+    assert isinstance(model.lm_head, Int8WeightOnlyLinear)  # the head is int8 whatever the scheme (as Q4_1 files)
+    assert isinstance(model.embed_tokens, nn.Embedding)  # the embedding rows stay float for the lookup
+    # 7 projections per layer at 4 bits + scale tables, plus the int8 head (64x64).
+    assert weight_bytes_per_token(model) < fp_bytes / 3.5
     with pytest.raises(ValueError):
         quantize_model(model, "int3")  # type: ignore[arg-type]
+
+
+def test_the_int8_head_separates_logits_that_bfloat16_would_tie() -> None:
+    """Two vocabulary rows 0.1 % apart score ~30 and ~30.03: one bfloat16 step there is 0.125."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 64)
+    base = torch.rand(64)
+    base *= 30.0 / float(x[0] @ base)
+    weight = torch.stack([base, base * 1.001, -base, base * 0.5])  # [V=4, K]
+    head = Int8Head.from_float(weight)
+    with torch.inference_mode():
+        got = head(x)
+    exact = x @ head.dequantize().T  # the int8 head computed in float32
+    assert int(got[0].argmax()) == 1 and float(got[0, 1] - got[0, 0]) > 0.02
+    torch.testing.assert_close(got[:, :2], exact[:, :2], rtol=1e-6, atol=1e-5)  # the top logits are exact
+    torch.testing.assert_close(got, exact, rtol=2**-7, atol=1e-3)  # the rest within bfloat16 precision
+    plain = torch._weight_int8pack_mm(x.bfloat16(), head.qweight, head.scales.bfloat16()).float()
+    assert float(plain[0, 1] - plain[0, 0]) == 0.0  # what the kernel alone would have returned: a tie
+
+
+def test_a_tied_head_gets_its_own_int8_copy_within_half_a_step() -> None:
+    from speed_fixtures import tiny_model
+
+    model = tiny_model(1, layers=1, vocab=64, hidden=64, tied=True)
+    assert model.lm_head is None  # tied: the embedding matrix is the head
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        want = model.logits(x)
+        quantize_model(model, "int8")
+        got = model.logits(x)
+    head = model.lm_head
+    assert isinstance(head, Int8WeightOnlyLinear)
+    step = head.scales[None, :]  # [1, V]: each logit's error is bounded by half a step per weight
+    assert bool(((got - want).abs() <= 0.5 * step * x.abs().sum(-1, keepdim=True) + 1e-5).all())
+    kept = model.embed_tokens.weight.clone()
+    quantize_model(model, "int4", group_size=32)  # the blocks again; an int8 head stays as it is
+    assert model.lm_head is head and torch.equal(model.embed_tokens.weight, kept)
 
 
 # --- the embedded SmolLM2 (Q4_1 GGUF): one load for the module -------------------------------------
