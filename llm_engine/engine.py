@@ -183,6 +183,11 @@ class Engine:
             from llm_engine.speculative import make_self_draft
 
             draft = make_self_draft(model, scheme=self_draft, group_size=group_size)  # type: ignore[arg-type]
+        from llm_engine.fuse import fuse_projections
+
+        for m in (model, draft):
+            if m is not None:
+                fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
         engine = cls(
             model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft, cuda_graphs=cuda_graphs
         )

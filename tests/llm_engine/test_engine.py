@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from llm_engine.engine import Engine
 from llm_engine.generation import fit_messages
@@ -208,7 +209,9 @@ def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_rep
         Engine.from_path(smol_path, quant="int3")
     quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4")
     layers = [m for m in quantized.model.modules() if isinstance(m, Int4WeightOnlyLinear)]
-    assert len(layers) == 7 * quantized.model.cfg.num_layers  # every projection, none left in float
+    # Every projection, none left in float; fused per block into qkv, o, gate_up and down.
+    assert len(layers) == 4 * quantized.model.cfg.num_layers
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.model.modules())
     quantized.start()
     try:
         msgs = [SYSTEM, ChatMessage("user", "Name three colours.")]

@@ -49,8 +49,13 @@ def test_conversion_is_cached_and_reused(smol_path):
 def test_weights_equal_transformers_dequantized_weights(smol_engine, smol_reference):
     ours = smol_engine.model.state_dict()
     ref = {k.removeprefix("model."): v for k, v in smol_reference.state_dict().items()}
-    for name in ("layers.0.self_attn.q_proj.weight", "layers.5.self_attn.k_proj.weight", "embed_tokens.weight"):
-        assert torch.equal(ours[name], ref[name]), name
+    assert torch.equal(ours["embed_tokens.weight"], ref["embed_tokens.weight"])
+    for layer in (0, 5):  # the engine fuses q/k/v (and gate/up) into one matrix: its rows in order
+        attn, mlp = f"layers.{layer}.self_attn", f"layers.{layer}.mlp"
+        qkv = torch.cat([ref[f"{attn}.{p}_proj.weight"] for p in "qkv"])
+        assert torch.equal(ours[f"{attn}.qkv_proj.weight"], qkv), layer
+        gate_up = torch.cat([ref[f"{mlp}.gate_proj.weight"], ref[f"{mlp}.up_proj.weight"]])
+        assert torch.equal(ours[f"{mlp}.gate_up_proj.weight"], gate_up), layer
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
