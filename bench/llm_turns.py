@@ -1,8 +1,9 @@
-"""LLM engine benchmark on the embedded SmolLM2 (or --model PATH): ours beside transformers on the same weights.
+"""Conversation turns on the embedded SmolLM2 (or --model PATH): our engine beside transformers on the same weights.
 
-Prints one table: load time, prefill ms for 256 prompt tokens, second-turn time to first token, decode
-tokens/s. transformers runs `generate`, which re-reads the whole conversation each turn (no slot cache).
-Usage: .venv/bin/python bench/llm.py [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--model PATH]
+Prints load time, prefill ms for 256 prompt tokens, second-turn time to first token and decode tokens/s
+through the whole Engine (threads, slots, cache reuse). transformers runs `generate`, which re-reads the
+whole conversation each turn (no slot cache). The speed features and llama.cpp are in bench/llm.py.
+Usage: .venv/bin/python bench/llm_turns.py [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--model PATH]
 """
 from __future__ import annotations
 

@@ -54,3 +54,17 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert result["max_sessions_within_budget"] in (0, 2)
     assert level["holds"] == (level["v2v_p95"] <= result["budgets_ms"]["voice_to_voice"])
     assert "Concurrent sessions" in proc.stdout
+
+
+def test_llm_table_tiny() -> None:
+    """bench/llm.py with a few tokens and no baselines: every variant's row, plain and speculative, and batching."""
+    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--skip-transformers", "--skip-llama-cpp")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
+        plain = [line for line in lines if line.startswith(variant + " ") and "+ speculation" not in line]
+        spec = [line for line in lines if line.startswith(variant + " + speculation")]
+        assert len(plain) == 1 and len(spec) == 1, (variant, lines)
+        assert float(plain[0].split()[-4]) > 0  # tokens/s
+    assert sum("concurrent requests" in line for line in lines) == 4  # none and int4 at 1 and 2
+    assert any(line.startswith("llama.cpp") and "skipped" in line for line in lines)

@@ -1,0 +1,164 @@
+"""LLM engine speed on the embedded SmolLM2 (or --model a .gguf): one run, one table.
+
+Rows: our engine at none (fp32) / int8 / int4, each plain and with speculation (int4 self-draft, adaptive
+draft length); continuous batching at 1/4/8 concurrent requests (aggregate tokens/s through the threaded
+Engine); transformers `generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF.
+Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
+to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
+Usage: HF_HUB_OFFLINE=1 .venv/bin/python bench/llm.py [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from llm_batch import aggregate_throughput  # noqa: E402
+from llm_speed import copy_bandwidth_gb_s, run_llama_cpp, run_plain, run_speculative, run_transformers  # noqa: E402
+
+from llm_engine.engine import Engine  # noqa: E402
+from llm_engine.fuse import fuse_projections  # noqa: E402
+from llm_engine.gguf_quant import read_quantized_linears  # noqa: E402
+from llm_engine.loader import load_model  # noqa: E402
+from llm_engine.model import Transformer  # noqa: E402
+from llm_engine.quantize import quantize_model, weight_bytes_per_token  # noqa: E402
+from llm_engine.speculative import make_self_draft  # noqa: E402
+from llm_engine.tokenizer import ChatMessage, Tokenizer  # noqa: E402
+
+PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    ttft_ms: float | None
+    tokens_per_s: float
+    greedy: str  # "=" same tokens as the fp32 row, "differs@i", or "-"
+    bytes_per_step: int | None  # weight bytes one decode step reads
+    steps_per_s: float  # decode steps per second (tokens/s over the batch; speculation: target forwards)
+
+
+def variants(path: Path, model: Transformer) -> dict[str, Transformer]:
+    """fp32, int8 and int4 (GGUF Q4_1 blocks as stored), each with fused projections and (quantized) int8 head."""
+    gguf = read_quantized_linears(path, "int4") if path.suffix == ".gguf" else {}
+    out = {
+        "none (fp32)": model,
+        "int8": quantize_model(copy.deepcopy(model), "int8"),
+        "int4 (Q4_1 blocks)": quantize_model(copy.deepcopy(model), "int4", replacements=gguf),
+    }
+    return {name: fuse_projections(m) for name, m in out.items()}
+
+
+def same_as(out: list[int], reference: list[int]) -> str:
+    first = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), None)
+    return "=" if first is None else f"differs@{first}"
+
+
+def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row], list[int]]:
+    """-> the rows, and the fp32 row's greedy tokens (the reference the others are compared with)."""
+    model, _ = load_model(path, max_seq_len=512)
+    draft = fuse_projections(make_self_draft(model, scheme="int4"))
+    rows: list[Row] = []
+    reference: list[int] | None = None
+    for name, m in variants(path, model).items():
+        run_plain(m, prompt[:8], 4)  # warm-up: kernel layouts, allocator
+        best = max((run_plain(m, prompt, n) for _ in range(2)), key=lambda r: r[1])  # the less disturbed run
+        ttft, tps, out = best
+        reference = reference or out
+        same = same_as(out, reference)
+        nbytes = weight_bytes_per_token(m)
+        rows.append(show(Row(name, ttft, tps, same, nbytes, tps)))
+        ttft, tps, sout, acc = run_speculative(m, draft, prompt, n)
+        # Per drafted token the draft reads its weights once; per verify the target reads its own once.
+        rows.append(show(Row(f"{name} + speculation, acceptance {acc:.2f}", ttft, tps, same_as(sout, out),
+                             None, tps)))  # fmt: skip
+    assert reference is not None
+    return rows, reference
+
+
+def batching_rows(path: Path, quant: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
+    engine = Engine.from_path(path, max_seq_len=512, max_slots=max(sizes), quant=quant)
+    nbytes = weight_bytes_per_token(engine.model)
+    engine.start()
+    try:
+        found = aggregate_throughput(engine, sizes, new_tokens)
+    finally:
+        engine.stop()
+    return [
+        show(Row(f"{quant}: {r.batch} concurrent requests, Engine (aggregate)", r.first_token_ms, r.aggregate_tokens_per_s,
+                 "-", nbytes, r.aggregate_tokens_per_s / r.batch))  # fmt: skip
+        for r in found
+    ]
+
+
+BW_GB_S = 0.0  # set once per run by main(): every row's % of the bound uses the same measurement
+
+
+def show(row: Row) -> Row:
+    """Each row prints as soon as it is measured: a slow, shared machine still leaves a partial table."""
+    ttft = f"{row.ttft_ms:8.0f}" if row.ttft_ms is not None else f"{'n/a':>8s}"
+    mb = f"{row.bytes_per_step / 1e6:8.0f}" if row.bytes_per_step else f"{'-':>8s}"
+    pct = f"{100 * row.steps_per_s * row.bytes_per_step / (BW_GB_S * 1e9):6.0f}%" if row.bytes_per_step else f"{'-':>7s}"
+    print(f"{row.name:62s} {ttft} {row.tokens_per_s:7.1f} {row.greedy:>10s} {mb} {pct}", flush=True)
+    return row
+
+
+def main() -> None:
+    global BW_GB_S
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="a .gguf (default: the embedded SmolLM2)")
+    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per single-request row")
+    ap.add_argument("--batch-tokens", type=int, default=32, help="tokens per request in the batching rows")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--batches", default="1,4,8", help="concurrent requests in the batching rows")
+    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-llama-cpp", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        from web.locate import find_embedded
+
+        args.model = find_embedded("llm")
+    _, folder = load_model(args.model, max_seq_len=8)
+    prompt = Tokenizer.from_folder(folder).apply_chat_template([ChatMessage("user", PROMPT)])
+    BW_GB_S = copy_bandwidth_gb_s()
+    print(f"model {args.model.name}, prompt {len(prompt)} tokens, {args.tokens} greedy tokens per request, "
+          f"{torch.get_num_threads()} threads, copy bandwidth {BW_GB_S:.1f} GB/s, load average {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+    print(f"{'engine / variant':62s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/step':>8s} {'% of BW':>7s}")
+    rows, reference = single_request_rows(args.model, prompt, args.tokens)
+    for quant in ("none", "int4"):
+        rows += batching_rows(args.model, quant, args.batch_tokens, tuple(int(b) for b in args.batches.split(",")))
+    fp32 = load_model(args.model, max_seq_len=512)[0]
+    baselines: dict[str, float] = {}
+    if not args.skip_transformers:
+        ttft, tps, hout = run_transformers(folder, prompt, args.tokens)
+        rows.append(show(Row("transformers generate (fp32, same weights)", ttft, tps, same_as(hout, reference),
+                             weight_bytes_per_token(fp32), tps)))  # fmt: skip
+        baselines["transformers"] = tps
+    lc = "skipped" if args.skip_llama_cpp else run_llama_cpp(args.model, prompt, args.tokens)
+    if isinstance(lc, str):
+        print(f"{'llama.cpp (llama-cpp-python)':62s} {lc}")
+    else:
+        rows.append(show(Row("llama.cpp (llama-cpp-python, same GGUF)", lc[0], lc[1], "-", None, lc[1])))
+        baselines["llama.cpp"] = lc[1]
+    if baselines:
+        print("\nRatios of decode tokens/s (the same run, the same cores):")
+        print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))
+        for row in rows:
+            if not row.name.startswith(("transformers", "llama.cpp")):
+                print(f"{row.name:62s}" + "".join(f"{row.tokens_per_s / v:15.2f}x" for v in baselines.values()))
+    print("\ngreedy '=': the same tokens as the fp32 row (speculative rows: as their own plain row). A quantized row can part"
+          " at a near-tie: its kernels round activations to bfloat16, with a blocking that depends on the row count, so a"
+          " verify over k+1 rows and a one-row step may round differently (an fp32 target stays identical).\nMB/step: weight"
+          " bytes one decode step reads (speculation: '-', it varies with the draft length). TTFT 'n/a': llama.cpp fed the"
+          " prompt one token at a time after its batched kernels crashed.")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
