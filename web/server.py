@@ -22,8 +22,7 @@ def serve(cfg: AppConfig) -> int:
     print("Parley: loading models ...", flush=True)
     t0 = time.perf_counter()
     try:
-        runtime = rt.load(cfg)
-        rt.warm(runtime)
+        runtime = rt.load_and_warm(cfg)
     except ModelNotFound as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 1

@@ -38,8 +38,7 @@ class LiveServer:
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("server")
     cfg = load_config(write_test_config(root))
-    runtime = rt.load(cfg)
-    rt.warm(runtime)
+    runtime = rt.load_and_warm(cfg)
     app = create_app(cfg, runtime=runtime)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws_max_size=cfg.server.max_message_bytes, lifespan="on"))  # fmt: skip

@@ -14,7 +14,7 @@ from web.models_table import model_rows
 @pytest.mark.parametrize(
     ("stage", "name", "min_mb"),
     [("llm", "SmolLM2-135M-Instruct.Q4_1.gguf", 90), ("asr", "model", 70), ("tts", "en_US-joe-medium.onnx", 60),
-     ("vad", "silero_vad.jit", 1)],
+     ("vad", "silero_vad.onnx", 1)],
 )
 def test_embedded_models_are_real_files(stage: str, name: str, min_mb: int) -> None:
     path = find_embedded(stage)
