@@ -19,7 +19,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from llm_batch import aggregate_throughput  # noqa: E402
-from llm_speed import copy_bandwidth_gb_s, run_llama_cpp, run_plain, run_speculative, run_transformers  # noqa: E402
+from llm_speed import (  # noqa: E402
+    copy_bandwidth_gb_s,
+    on_own_thread,
+    run_llama_cpp,
+    run_plain,
+    run_speculative,
+    run_transformers,
+)
 
 from llm_engine.engine import Engine  # noqa: E402
 from llm_engine.fuse import fuse_projections  # noqa: E402
@@ -82,7 +89,9 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
 
 
 def batching_rows(path: Path, quant: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
-    engine = Engine.from_path(path, max_seq_len=512, max_slots=max(sizes), quant=quant)
+    # Loaded on a thread that exits; this thread only waits on the streams, so the engine thread's OpenMP
+    # pool is the only live one while it decodes, as in the server.
+    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=512, max_slots=max(sizes), quant=quant))
     nbytes = weight_bytes_per_token(engine.model)
     engine.start()
     try:
@@ -125,21 +134,21 @@ def main() -> None:
         from web.locate import find_embedded
 
         args.model = find_embedded("llm")
-    _, folder = load_model(args.model, max_seq_len=8)
+    # Every phase runs on a thread of its own that then exits: see llm_speed.on_own_thread.
+    _, folder = on_own_thread(lambda: load_model(args.model, max_seq_len=8))
     prompt = Tokenizer.from_folder(folder).apply_chat_template([ChatMessage("user", PROMPT)])
-    BW_GB_S = copy_bandwidth_gb_s()
+    BW_GB_S = on_own_thread(copy_bandwidth_gb_s)
     print(f"model {args.model.name}, prompt {len(prompt)} tokens, {args.tokens} greedy tokens per request, "
           f"{torch.get_num_threads()} threads, copy bandwidth {BW_GB_S:.1f} GB/s, load average {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     print(f"{'engine / variant':62s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/step':>8s} {'% of BW':>7s}")
-    rows, reference = single_request_rows(args.model, prompt, args.tokens)
+    rows, reference = on_own_thread(single_request_rows, args.model, prompt, args.tokens)
     for quant in ("none", "int4"):
         rows += batching_rows(args.model, quant, args.batch_tokens, tuple(int(b) for b in args.batches.split(",")))
-    fp32 = load_model(args.model, max_seq_len=512)[0]
     baselines: dict[str, float] = {}
     if not args.skip_transformers:
-        ttft, tps, hout = run_transformers(folder, prompt, args.tokens)
-        rows.append(show(Row("transformers generate (fp32, same weights)", ttft, tps, same_as(hout, reference),
-                             weight_bytes_per_token(fp32), tps)))  # fmt: skip
+        ttft, tps, hout = on_own_thread(run_transformers, folder, prompt, args.tokens)
+        fp32_bytes = next(r.bytes_per_step for r in rows if r.name == "none (fp32)")
+        rows.append(show(Row("transformers generate (fp32, same weights)", ttft, tps, same_as(hout, reference), fp32_bytes, tps)))
         baselines["transformers"] = tps
     lc = "skipped" if args.skip_llama_cpp else run_llama_cpp(args.model, prompt, args.tokens)
     if isinstance(lc, str):

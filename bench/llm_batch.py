@@ -106,7 +106,10 @@ def main() -> None:
 
         path = find_embedded("llm")
     sizes = [int(b) for b in args.batches.split(",")]
-    engine = Engine.from_path(path, device=args.device, dtype=args.dtype, max_seq_len=512, max_slots=max(sizes), quant=args.quant)
+    from llm_speed import on_own_thread  # loading on a thread that exits leaves the engine's OpenMP pool alone
+
+    engine = on_own_thread(lambda: Engine.from_path(path, device=args.device, dtype=args.dtype, max_seq_len=512,
+                                                    max_slots=max(sizes), quant=args.quant))  # fmt: skip
     engine.start()
     try:
         rows = aggregate_throughput(engine, sizes, args.tokens)

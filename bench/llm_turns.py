@@ -16,6 +16,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from llm_speed import on_own_thread  # noqa: E402
 
 from llm_engine.engine import Engine  # noqa: E402
 from llm_engine.gguf_loader import prepare_gguf  # noqa: E402
@@ -34,11 +35,17 @@ def sync(device: str) -> None:
 
 
 def timed(fn, device: str) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return 1000 * (time.perf_counter() - t0)
+    """ms of fn() on a thread that exits (llm_speed.on_own_thread: no second OpenMP pool beside the engine's)."""
+
+    def run() -> float:
+        with torch.inference_mode():  # thread-local: set on the thread that runs
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            return 1000 * (time.perf_counter() - t0)
+
+    return on_own_thread(run)
 
 
 def long_user_message(engine: Engine, n_tokens: int) -> tuple[ChatMessage, ...]:
@@ -56,17 +63,20 @@ def run(model_path: Path, device: str, dtype: str) -> list[tuple[str, float, flo
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    engine = Engine.from_path(model_path, device=device, dtype=dtype, max_seq_len=1024, max_slots=4)
+    engine = on_own_thread(lambda: Engine.from_path(model_path, device=device, dtype=dtype, max_seq_len=1024, max_slots=4))
     ours_load = time.perf_counter() - t0
     engine.start()
     folder = prepare_gguf(model_path) if model_path.suffix == ".gguf" else model_path
 
+    def load_reference():
+        if model_path.suffix == ".gguf":
+            ref = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=resolve_dtype(dtype))
+        else:
+            ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=resolve_dtype(dtype))
+        return ref.to(device).eval()
+
     t0 = time.perf_counter()
-    if model_path.suffix == ".gguf":
-        ref = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=resolve_dtype(dtype))
-    else:
-        ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=resolve_dtype(dtype))
-    ref = ref.to(device).eval()
+    ref = on_own_thread(load_reference)
     ref_load = time.perf_counter() - t0
 
     def ask(session: str, msgs, max_new: int):
