@@ -26,6 +26,10 @@ from voice.vad import Vad
 __all__ = ["SAMPLE_RATE", "InputError", "SessionSettings", "Stages", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
 
+# A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
+# the trace carries playback_start even when the whole reply was sent before the client began playing.
+TRACE_HOLD_S = 1.0
+
 
 class InputError(Exception):
     """A command the session refuses (unknown persona, overloaded): becomes a non-fatal `error`."""
@@ -96,6 +100,7 @@ class Session:
         self._reply_task: asyncio.Task[None] | None = None
         self._played_ms: dict[int, float] = {}
         self._interrupted: dict[int, tuple[Reply, int]] = {}  # turn -> (reply, history index) for late marks
+        self._held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self._bg: set[asyncio.Task[Any]] = set()
         self._start_lock = asyncio.Lock()
         self._tg: asyncio.TaskGroup | None = None
@@ -164,6 +169,10 @@ class Session:
         reply = self._reply
         if reply is not None and reply.turn_id == turn_id and reply.trace is not None:
             reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
+        held = self._held.pop(turn_id, None)
+        if held is not None:
+            held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
+            self._send_trace(held)
         if turn_id in self._interrupted:  # the client reports how far it got after the clear: history follows
             old, index = self._interrupted[turn_id]
             if index < len(self.history) and self.history[index][0] == "assistant":
@@ -193,6 +202,8 @@ class Session:
         pending = [t for t in tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)
+        for turn_id in list(self._held):  # held traces whose timer never ran still reach the log
+            self._send_trace(self._held.pop(turn_id))
         await asyncio.to_thread(self.stages.llm.release, self.session_id)
 
     def replying(self) -> bool:
@@ -302,8 +313,32 @@ class Session:
             self._reply = None
         if trace is not None:
             trace.mark("interrupted" if interrupted else "done")
-            self.outbox.send("turn.trace", **trace.to_dict())
-            self.on_trace(trace)
+            if interrupted or trace.has("playback_start") or not trace.has("first_audio_sent") or not self._hold(trace):
+                self._send_trace(trace)
+
+    def _hold(self, trace: TurnTrace) -> bool:
+        """Keep a finished trace until the client's first playback mark or TRACE_HOLD_S; False if it cannot wait."""
+        if self._tg is None:
+            return False
+        self._held[trace.turn_id] = trace
+        try:
+            self.spawn(self._release_held, trace.turn_id)
+        except RuntimeError:  # the task group is shutting down: the session is closing
+            self._held.pop(trace.turn_id)
+            return False
+        return True
+
+    async def _release_held(self, turn_id: int) -> None:
+        try:
+            await asyncio.sleep(TRACE_HOLD_S)
+        finally:  # also when the session closes: the trace still reaches the log
+            trace = self._held.pop(turn_id, None)
+            if trace is not None:
+                self._send_trace(trace)
+
+    def _send_trace(self, trace: TurnTrace) -> None:
+        self.outbox.send("turn.trace", **trace.to_dict())
+        self.on_trace(trace)
 
     async def _llm_deltas(self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None) -> AsyncIterator[str]:
         persona = self.persona

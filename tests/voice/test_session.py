@@ -216,3 +216,43 @@ async def test_engine_error_fails_the_reply_not_the_session() -> None:
         h.session.text_input("hello again")
         second = await h.wait_for("response.done", 2)
         assert not second["interrupted"] and second["text"]
+
+
+async def test_a_finished_replys_trace_waits_for_the_clients_first_playback_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short reply is all sent before the client starts playing: its trace still gets playback_start."""
+    import voice.session as session_module
+
+    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 30.0)
+    async with Harness() as h:
+        h.session.text_input("hello")
+        done = await h.wait_for("response.done")
+        await asyncio.sleep(0.05)
+        assert "turn.trace" not in h.types()  # held: no mark yet
+        arrival = time.perf_counter_ns()
+        h.session.playback_mark(done["turn_id"], 40.0, arrival)
+        trace = await h.wait_for("turn.trace")
+        marks = trace["marks_ms"]
+        assert "playback_start" in marks and marks["first_audio_sent"] <= marks["playback_start"] + 40.0
+        assert h.types().count("turn.trace") == 1 and len(h.traces) == 1
+
+
+async def test_without_a_playback_mark_the_held_trace_is_sent_after_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    import voice.session as session_module
+
+    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 0.05)
+    async with Harness() as h:
+        h.session.text_input("hello")
+        trace = await h.wait_for("turn.trace")
+        assert "playback_start" not in trace["marks_ms"] and "done" in trace["marks_ms"]
+        assert h.types()[-2:] == ["response.done", "turn.trace"]
+
+
+async def test_closing_the_session_sends_a_held_trace_to_the_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    import voice.session as session_module
+
+    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 30.0)
+    async with Harness() as h:
+        h.session.text_input("hello")
+        await h.wait_for("response.done")
+        await h.session.close()
+        assert len(h.traces) == 1 and "playback_start" not in h.traces[0].marks_ms()
