@@ -237,6 +237,10 @@ async def test_reconnects_after_server_restart(server: ServerProcess) -> None:
     assert client.info is not None and client.info.session_id != first_session
     assert client.info.persona == "concise"  # the new session starts with the persona the user had
     await client.send_text("Hello again.")
-    await wait_for(lambda: bool([t for t in of(client, "turn.trace") if t.get("input") == "text"]), 60, "turn after restart")
+    try:
+        await wait_for(lambda: bool([t for t in of(client, "turn.trace") if t.get("input") == "text"]), 60, "turn after restart")
+    except AssertionError as exc:  # seen once in a full run, never alone: say what the client saw
+        seen = [(e["type"], e.get("turn_id"), e.get("code")) for e in client.events][-40:]
+        raise AssertionError(f"{exc}; connects={client.connects}, state={client.view.state}, last events {seen}") from None
     client.stop()
     assert await asyncio.wait_for(runner, 10) == 0

@@ -139,6 +139,10 @@ class DesktopClient:
             reason = await self._converse()
             self.ready.clear()
             self.jitter.clear()
+            # Turn ids start again at 1 in the next session: a finished turn's resampler (flushed with
+            # last=True) must not take the new session's audio ("Input after last input" ended the client).
+            self._turn_rs.clear()
+            self._marked.clear()
             if self._stopping.is_set():
                 break
             self.view.state, self.view.notice = "reconnecting", f"connection lost ({reason}); reconnecting"
