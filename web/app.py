@@ -131,4 +131,3 @@ def create_app(
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
     return app
-
