@@ -51,7 +51,8 @@ class Row:
 
 
 def variants(path: Path, model: Transformer) -> dict[str, Transformer]:
-    """fp32, int8 and int4 (GGUF Q4_1 blocks as stored), each with fused projections and (quantized) int8 head."""
+    """fp32, int8 and int4 (GGUF Q4_1 blocks as stored), all with fused projections; the quantized two also
+    read an int8 output head, as Engine.from_path builds them."""
     gguf = read_quantized_linears(path, "int4") if path.suffix == ".gguf" else {}
     out = {
         "none (fp32)": model,
@@ -81,7 +82,6 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
         nbytes = weight_bytes_per_token(m)
         rows.append(show(Row(name, ttft, tps, same, nbytes, tps)))
         ttft, tps, sout, acc = run_speculative(m, draft, prompt, n)
-        # Per drafted token the draft reads its weights once; per verify the target reads its own once.
         rows.append(show(Row(f"{name} + speculation, acceptance {acc:.2f}", ttft, tps, same_as(sout, out),
                              None, tps)))  # fmt: skip
     assert reference is not None
