@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from llm_batch import aggregate_throughput  # noqa: E402
 from llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
-    on_own_thread,
+    llm_path,
     run_llama_cpp,
     run_plain,
     run_speculative,
@@ -35,6 +35,7 @@ from llm_engine.loader import load_model  # noqa: E402
 from llm_engine.model import Transformer  # noqa: E402
 from llm_engine.quantize import quantize_model, weight_bytes_per_token  # noqa: E402
 from llm_engine.speculative import make_self_draft  # noqa: E402
+from llm_engine.threads import on_own_thread  # noqa: E402
 from llm_engine.tokenizer import ChatMessage, Tokenizer  # noqa: E402
 
 PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
@@ -130,11 +131,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.model is None:
-        from web.locate import find_embedded
-
-        args.model = find_embedded("llm")
-    # Every phase runs on a thread of its own that then exits: see llm_speed.on_own_thread.
+    args.model = llm_path(args.model)
+    # Every phase runs on a thread of its own that then exits: see llm_engine.threads.
     _, folder = on_own_thread(lambda: load_model(args.model, max_seq_len=8))
     prompt = Tokenizer.from_folder(folder).apply_chat_template([ChatMessage("user", PROMPT)])
     BW_GB_S = on_own_thread(copy_bandwidth_gb_s)

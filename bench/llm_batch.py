@@ -11,7 +11,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,14 +98,11 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32, help="new tokens per request")
     p.add_argument("--batches", default="1,4,8")
     args = p.parse_args()
-    if args.model:
-        path = Path(args.model)
-    else:
-        from web.locate import find_embedded
+    from llm_speed import llm_path
 
-        path = find_embedded("llm")
+    path = llm_path(args.model)
     sizes = [int(b) for b in args.batches.split(",")]
-    from llm_speed import on_own_thread  # loading on a thread that exits leaves the engine's OpenMP pool alone
+    from llm_engine.threads import on_own_thread  # loading on a thread that exits leaves the engine's pool alone
 
     engine = on_own_thread(lambda: Engine.from_path(path, device=args.device, dtype=args.dtype, max_seq_len=512,
                                                     max_slots=max(sizes), quant=args.quant))  # fmt: skip

@@ -6,10 +6,8 @@ Each returns (time to first token ms, decode tokens/s, tokens); the table and it
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeVar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -21,29 +19,15 @@ from llm_engine.request import SamplingParams  # noqa: E402
 from llm_engine.speculative import SpeculativeDecoder, draft_cache_like  # noqa: E402
 
 MAX_SEQ = 512
-T = TypeVar("T")
 
 
-def on_own_thread(fn: Callable[..., T], *args: object) -> T:
-    """fn(*args) on a fresh thread that exits before this returns (its result or its exception).
+def llm_path(arg: str | Path | None) -> Path:
+    """--model as given, else the embedded SmolLM2 GGUF."""
+    if arg:
+        return Path(arg)
+    from web.locate import find_embedded
 
-    torch keeps an OpenMP pool per thread that ran a parallel op, and two live pools make libgomp throttle
-    both: a measurement on the main thread would slow every later Engine thread (see web.runtime.load_and_warm).
-    """
-    done: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            done["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            done["error"] = exc
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    if "error" in done:
-        raise done["error"]
-    return done["value"]
+    return find_embedded("llm")
 
 
 def copy_bandwidth_gb_s(mib: int = 512, repeats: int = 5) -> float:

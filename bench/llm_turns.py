@@ -16,12 +16,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from llm_speed import on_own_thread  # noqa: E402
+from llm_speed import llm_path  # noqa: E402
 
 from llm_engine.engine import Engine  # noqa: E402
 from llm_engine.gguf_loader import prepare_gguf  # noqa: E402
 from llm_engine.loader import resolve_dtype  # noqa: E402
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams  # noqa: E402
+from llm_engine.threads import on_own_thread  # noqa: E402
 
 PROMPT_TOKENS = 256
 DECODE_TOKENS = 64
@@ -35,7 +36,7 @@ def sync(device: str) -> None:
 
 
 def timed(fn, device: str) -> float:
-    """ms of fn() on a thread that exits (llm_speed.on_own_thread: no second OpenMP pool beside the engine's)."""
+    """ms of fn() on a thread that exits (llm_engine.threads: no second OpenMP pool beside the engine's)."""
 
     def run() -> float:
         with torch.inference_mode():  # thread-local: set on the thread that runs
@@ -141,12 +142,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     args = p.parse_args()
-    if args.model:
-        path = Path(args.model)
-    else:
-        from web.locate import find_embedded
-
-        path = find_embedded("llm")
+    path = llm_path(args.model)
     rows = run(path, args.device, args.dtype)
     print(f"\nLLM engine vs transformers generate: {path.name}, {args.device} {args.dtype}, {torch.get_num_threads()} threads")
     print(f"{'metric':<34}{'ours':>10}{'transformers':>14}{'ours better by':>16}")

@@ -59,7 +59,7 @@ class Int8WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.use_kernel and x2.shape[0] <= KERNEL_MAX_ROWS:
+        if self.uses_kernel(x2.shape[0]):
             kd = kernel_dtype(x.device)
             if self._kscales is None or self._kscales.device != x.device:
                 self._kscales = self.scales.to(device=x.device, dtype=kd)
@@ -67,6 +67,10 @@ class Int8WeightOnlyLinear(nn.Module):
         else:
             y = F.linear(x2, self.dequantize(x.dtype))
         return _finish(y, self.bias, lead)
+
+    def uses_kernel(self, rows: int) -> bool:
+        """Whether `rows` input rows go through the int8 pack kernel (bfloat16 output) or dequantize+matmul."""
+        return self.use_kernel and rows <= KERNEL_MAX_ROWS
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
@@ -83,7 +87,7 @@ class Int8Head(Int8WeightOnlyLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x).float()  # [..., V]
-        if not (self.use_kernel and x.numel() // self.in_features <= KERNEL_MAX_ROWS):
+        if not self.uses_kernel(x.numel() // self.in_features):
             return y  # the dequantize path computed in the model's dtype already
         y2, x2 = y.view(-1, self.out_features), x.reshape(-1, self.in_features).float()
         top = y2.amax(dim=-1, keepdim=True)  # [M, 1]

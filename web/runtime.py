@@ -5,7 +5,6 @@ It knows nothing of sockets or sessions' inner workings.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,28 +157,16 @@ def warm(runtime: Runtime) -> None:
 
 
 def load_and_warm(cfg: AppConfig) -> Runtime:
-    """load() then warm() on a thread of their own that exits before this returns; their errors re-raised.
+    """load() then warm() on a thread of their own that exits before this returns (their errors re-raised),
+    so the engine thread's OpenMP pool is the only one while serving (see llm_engine.threads)."""
+    from llm_engine.threads import on_own_thread
 
-    torch keeps one OpenMP thread pool per thread that ran a parallel op, and while two pools live libgomp
-    throttles every pool's spin-waits: measured here, that cost the engine thread ~40 % of its decode rate.
-    A finished thread's pool is freed, so afterwards the engine thread's pool is the only one.
-    """
-    done: dict[str, Any] = {}
+    def load_warmed() -> Runtime:
+        runtime = load(cfg)
+        warm(runtime)
+        return runtime
 
-    def work() -> None:
-        try:
-            runtime = load(cfg)
-            warm(runtime)
-            done["runtime"] = runtime
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
-            done["error"] = exc
-
-    thread = threading.Thread(target=work, name="parley-load")
-    thread.start()
-    thread.join()
-    if "error" in done:
-        raise done["error"]
-    return done["runtime"]
+    return on_own_thread(load_warmed, name="parley-load")
 
 
 def _warm_request() -> Any:
