@@ -35,6 +35,7 @@ from llm_engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported lazily at run time: most engines use neither
     from llm_engine.cuda_graphs import GraphedDecoder
+    from llm_engine.native.decoder import NativeDecoder
     from llm_engine.solo_speculation import SoloSpeculation
 
 __all__ = [
@@ -104,9 +105,13 @@ class Engine:
         draft: Transformer | None = None,
         draft_k: int = 4,
         cuda_graphs: bool = False,
+        native: str = "auto",
     ) -> None:
         """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
-        for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only)."""
+        for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only).
+        native: decode steps through the compiled CPU step (llm_engine/native): "auto" where it can run
+        this model (CPU, float32, fused projections, a C++ compiler), "on" (fail if it cannot), "off".
+        `decode_path` says which path decode steps take, and why."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -134,6 +139,14 @@ class Engine:
 
             buckets = sorted({b for b in DEFAULT_BUCKETS if b < max_slots} | {max_slots})
             self.graphed = GraphedDecoder(model, self.cache, buckets=buckets)
+        self.native: NativeDecoder | None = None
+        self.decode_path = "graphed" if self.graphed is not None else "torch"
+        if native not in ("auto", "on", "off"):
+            raise ValueError(f"native must be auto, on or off, got {native!r}")
+        if native != "off" and self.graphed is None:
+            from llm_engine.native.decoder import native_decoder
+
+            self.native, self.decode_path = native_decoder(model, self.cache, required=native == "on")
         self._jobs: dict[int, _Job] = {}
         self._inbox: queue.Queue[object] = queue.Queue()
         self._ids = itertools.count(1)
@@ -157,6 +170,7 @@ class Engine:
         group_size: int = 32,
         self_draft: str = "none",
         cuda_graphs: bool = False,
+        native: str = "auto",
     ) -> "Engine":
         """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
@@ -189,8 +203,9 @@ class Engine:
             if m is not None:
                 fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
         engine = cls(
-            model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft, cuda_graphs=cuda_graphs
-        )
+            model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft,
+            cuda_graphs=cuda_graphs, native=native,
+        )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine
 
@@ -339,7 +354,9 @@ class Engine:
             rows.append(DecodeRow(job.slot, token, pos))
         t0 = time.perf_counter()
         try:
-            if self.graphed is not None:
+            if self.native is not None and len(rows) <= self.native.max_rows:
+                logits = self.native.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
+            elif self.graphed is not None:
                 logits = self.graphed.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
             else:
                 logits = decode_batch(self.model, self.cache, rows, self.device)  # [B, V]

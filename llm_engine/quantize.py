@@ -142,8 +142,10 @@ class Int4WeightOnlyLinear(nn.Module):
     ) -> "Int4WeightOnlyLinear":
         n, k = weight.shape
         w = weight.detach().float().view(n, k // group_size, group_size)  # [N, G, gs]
-        lo, hi = w.amin(-1), w.amax(-1)  # [N, G]
-        scales = ((hi - lo) / 15.0).clamp(min=1e-12)
+        # Scale and minimum are float16 values, as in a GGUF Q4_1 block: the compiled CPU decode step reads
+        # them at half the bytes (llm_engine/native), and the codes are rounded against the stored values.
+        lo = w.amin(-1).clamp(-65504, 65504).half().float()  # [N, G]
+        scales = ((w.amax(-1) - lo) / 15.0).clamp(min=2.0**-14, max=65504).half().float()
         codes = torch.round((w - lo[..., None]) / scales[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
         return cls(codes, scales, lo, group_size, bias, use_kernel=use_kernel).to(weight.device)
 

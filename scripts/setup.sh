@@ -6,7 +6,7 @@ mode="${1:-run}"
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
-apt_pkgs=(libportaudio2)
+apt_pkgs=(libportaudio2 g++)  # g++ builds the compiled CPU decode step (llm_engine/native)
 # flite/espeak-ng speak test audio, chromium drives the browser tests, pulseaudio gives the
 # desktop client a virtual sound card.
 [ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver pulseaudio pulseaudio-utils libasound2-plugins)

@@ -98,6 +98,7 @@ def create_app(
             body["engine_slots"] = state.runtime.stages.llm.active_slots()
             body["tts_active"] = state.runtime.stages.tts_work.active
             body["load_s"] = {k: round(v, 2) for k, v in state.runtime.load_s.items()}
+            body["llm_decode"] = getattr(state.runtime.engine, "decode_path", None)  # which decode path, and why
         return JSONResponse(body, status_code=200 if loaded else 503)
 
     @app.get("/api/personas")

@@ -57,6 +57,7 @@ class LlmConfig(_Strict):
     group_size: int = Field(32, ge=8)  # int4 group size (the embedded Q4_1 file loads exactly at 32)
     self_draft: Literal["none", "int8", "int4"] = "none"  # speculative decoding from a quantized copy
     cuda_graphs: bool = False  # capture the decode step (CUDA only; ignored on CPU)
+    native: Literal["auto", "on", "off"] = "auto"  # the compiled CPU decode step (llm_engine/native)
     max_seq_len: int = Field(2048, ge=128)
     max_slots: int = Field(8, ge=1)
 

@@ -124,10 +124,11 @@ def load(cfg: AppConfig) -> Runtime:
     engine = Engine.from_path(
         resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
         max_slots=m.max_slots, quant=m.quant, group_size=m.group_size, self_draft=m.self_draft,
-        cuda_graphs=m.cuda_graphs,
+        cuda_graphs=m.cuda_graphs, native=m.native,
     )
     engine.start()
     times["llm"] = time.perf_counter() - t0
+    log.info("LLM decode steps: %s", engine.decode_path)
 
     t0 = time.perf_counter()
     voices = _voices(cfg, output_sample_rate(cfg))

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from llm_engine.engine import Engine, EngineStream
+from llm_engine.fuse import fuse_projections
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
 from llm_engine.tokenizer import Tokenizer
@@ -32,13 +33,16 @@ def tokenizer(smol_tokenizer) -> Tokenizer:
     return smol_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_model) -> Transformer:
-    return tiny_chat_model(0, 1024)
+@pytest.fixture(scope="module", params=["torch", "compiled"])
+def tiny(request, tiny_chat_model) -> Transformer:
+    """The same random model decoded by PyTorch, and (projections fused) by the compiled CPU step."""
+    model = tiny_chat_model(0, 1024)
+    return fuse_projections(model) if request.param == "compiled" else model
 
 
 def make_engine(model: Transformer, tokenizer: Tokenizer, slots: int) -> Engine:
-    return Engine(model, tokenizer, max_slots=slots, max_seq_len=1024, prefill_chunk=CHUNK)
+    native = "on" if model.layers[0].self_attn.qkv_proj is not None else "off"
+    return Engine(model, tokenizer, max_slots=slots, max_seq_len=1024, prefill_chunk=CHUNK, native=native)
 
 
 def request(session: str, text: str, sampling: SamplingParams) -> GenerateRequest:

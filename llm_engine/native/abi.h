@@ -1,0 +1,43 @@
+// The structs the Python side (decoder.py) fills with pointers into the model: the library's whole
+// view of a model. Any change here changes parley_abi(), which decoder.py checks before the first call.
+#pragma once
+#include <cstdint>
+
+extern "C" {
+
+enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_INT4 = 2 };
+
+struct PLinear {
+    int32_t kind;        // KIND_*
+    int32_t n, k, group;  // out features, in features, int4 group size
+    const void* w;        // f32 [n, k] | int8 [n, k] | uint8 [n, k / 2], low nibble = even k
+    const float* scales;  // int8: [n]; int4: [n, k / group]
+    const float* mins;    // int4: [n, k / group]
+    const float* bias;    // [n] or null
+    const uint16_t* dm;   // int4: (scale, minimum) per group as float16 pairs [n, k / group, 2], or null
+};
+
+struct PLayer {
+    const float* attn_norm;  // [hidden]
+    const float* mlp_norm;   // [hidden]
+    PLinear qkv;             // hidden -> (heads + 2 kv_heads) * head_dim, q then k then v
+    PLinear o;               // heads * head_dim -> hidden
+    PLinear gate_up;         // hidden -> 2 * inter, gate then up
+    PLinear down;            // inter -> hidden
+};
+
+struct PModel {
+    int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
+    int32_t int4_dot;         // 1: int4 layers take the int8-input dot product where it is compiled in
+    float eps;
+    const float* embed;       // [vocab, hidden]
+    const float* final_norm;  // [hidden]
+    PLinear head;             // hidden -> vocab
+    const float* rope_cos;    // [max_seq, head_dim]
+    const float* rope_sin;    // [max_seq, head_dim], sign of the rotation folded into the first half
+    float* k_cache;           // [n_layers, n_slots, n_kv, max_seq, head_dim]
+    float* v_cache;
+    const PLayer* layers;     // [n_layers]
+};
+
+}  // extern "C"

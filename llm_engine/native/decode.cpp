@@ -1,0 +1,188 @@
+// One decode step of a Llama-family model on CPU, compiled: one token per row, float32 activations,
+// weights as the Python layers hold them (float32, int8 per channel, int4 group-wise with minimums).
+//
+// Why it exists: in eager PyTorch a batch-1 step on a small model is ~40 tiny ops per layer, and their
+// dispatch costs more than the arithmetic. Here the whole step is one call and one OpenMP parallel region
+// (the same libgomp runtime as torch's, so one thread pool). Only the matrix-vector products and the
+// attention heads are split across threads; everything between them (norms, rope, SwiGLU, preparing the
+// next product's input) is a few hundred values that every thread computes for itself, so a layer
+// costs five barriers.
+//
+// The layout contract is abi.h; nothing here allocates model memory or keeps state between calls.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+#include "abi.h"
+#include "matvec.h"
+#include "vec16.h"
+
+extern "C" {
+
+// Bit 0: the int4 x int8 (AVX-512 VNNI) path is compiled in.
+int32_t parley_features(void) {
+#ifdef PARLEY_INT4_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int32_t parley_abi(void) { return (int32_t)(sizeof(PLinear) * 1000 + sizeof(PLayer) * 10 + sizeof(PModel) % 10); }
+
+}  // extern "C"
+
+namespace {
+
+using matvec::dot;
+using matvec::kMaxRows;
+
+void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.f / std::sqrt(ss / (float)n + eps);
+    for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * r);
+}
+
+// v[i] = e^v[i], sixteen at a time.
+void exp_inplace(float* v, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) vec16::store(v + i, vec16::exp(vec16::load(v + i)));
+    for (; i < n; ++i) v[i] = std::exp(v[i]);
+}
+
+// out[c] = silu(gate[c]) * up[c] for c < n.
+void swiglu(const float* gate, const float* up, int n, float* out) {
+    for (int c = 0; c < n; ++c) out[c] = -gate[c];
+    exp_inplace(out, n);
+    for (int c = 0; c < n; ++c) out[c] = gate[c] / (1.f + out[c]) * up[c];
+}
+
+// x * cos + (x2, x1) * signed sin, the rotate-half rope of model.py.
+void rope(const float* x, const float* cos, const float* sin, int d, float* out) {
+    const int half = d / 2;
+    for (int i = 0; i < d; ++i) out[i] = x[i] * cos[i] + x[i < half ? i + half : i - half] * sin[i];
+}
+
+// One query head over the `cached` positions of its slot plus this step's key and value.
+void attend(const float* q, const float* keys, const float* values, int cached, const float* key, const float* value, int d,
+            float* scores, float* out) {
+    const float scale = 1.f / std::sqrt((float)d);
+    float top = -INFINITY;
+    for (int t = 0; t <= cached; ++t) {
+        scores[t] = dot(q, t < cached ? keys + (size_t)t * d : key, d) * scale;
+        top = std::max(top, scores[t]);
+    }
+    for (int t = 0; t <= cached; ++t) scores[t] -= top;
+    exp_inplace(scores, cached + 1);
+    float total = 0.f;
+    for (int t = 0; t <= cached; ++t) total += scores[t];
+    const float inv = 1.f / total;
+    for (int i = 0; i < d; ++i) out[i] = 0.f;
+    for (int t = 0; t <= cached; ++t) {
+        const float p = scores[t] * inv;
+        const float* vt = t < cached ? values + (size_t)t * d : value;
+#pragma omp simd
+        for (int i = 0; i < d; ++i) out[i] += p * vt[i];
+    }
+}
+
+// What every thread keeps for itself during a step.
+struct Own {
+    std::vector<float> h;       // [rows, widest]: normed x, or the SwiGLU output
+    std::vector<float> q, kv;   // [rows, heads, d] rotated queries; [rows, 2, kv_heads, d] rotated keys, values
+    std::vector<float> scores;  // [max_seq]
+    matvec::Input in;
+
+    Own(const PModel& m, int rows, int widest, bool dot)
+        : h((size_t)rows * widest), q((size_t)rows * m.n_heads * m.head_dim), kv((size_t)rows * 2 * m.n_kv * m.head_dim),
+          scores((size_t)m.max_seq), in(rows, widest, dot) {}
+};
+
+}  // namespace
+
+extern "C" {
+
+// Error codes: 0 ok, 1 rows out of range, 2 token out of range, 3 position out of range, 4 slot out of
+// range.
+int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                      float* logits, int32_t threads) {
+    const PModel& m = *mp;
+    if (rows < 1 || rows > kMaxRows || rows > m.max_rows) return 1;
+    for (int b = 0; b < rows; ++b) {
+        if (tokens[b] < 0 || tokens[b] >= m.vocab) return 2;
+        if (pos[b] < 0 || pos[b] >= m.max_seq) return 3;
+        if (slots[b] < 0 || slots[b] >= m.n_slots) return 4;
+    }
+    const int hidden = m.hidden, d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, inter = m.inter;
+    const int qkv_width = (hq + 2 * hkv) * d, widest = std::max(std::max(hidden, hq * d), inter);
+    // Shared: the residual stream and the outputs the team writes together.
+    std::vector<float> x((size_t)rows * hidden), qkv((size_t)rows * qkv_width), att((size_t)rows * hq * d);
+    std::vector<float> gu((size_t)rows * 2 * inter);
+    const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
+    for (int b = 0; b < rows; ++b) std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
+
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        Own own(m, rows, widest, m.int4_dot != 0);
+        float* h = own.h.data();
+        auto norm_all = [&](const float* weight) {
+            for (int b = 0; b < rows; ++b) rms_norm(&x[(size_t)b * hidden], weight, m.eps, hidden, h + (size_t)b * hidden);
+        };
+        for (int l = 0; l < m.n_layers; ++l) {
+            const PLayer& L = m.layers[l];
+            norm_all(L.attn_norm);
+            matvec::prepare(L.qkv, rows, h, own.in);
+            matvec::linear(L.qkv, rows, own.in, qkv.data(), qkv_width, false);
+
+            // Every thread rotates this step's queries and keys for itself; one stores keys and values.
+            for (int b = 0; b < rows; ++b) {
+                const float* src = &qkv[(size_t)b * qkv_width];
+                const float *cos = m.rope_cos + pos[b] * d, *sin = m.rope_sin + pos[b] * d;
+                float* kv = &own.kv[(size_t)b * 2 * hkv * d];
+                for (int head = 0; head < hq; ++head) rope(src + head * d, cos, sin, d, &own.q[((size_t)b * hq + head) * d]);
+                for (int head = 0; head < hkv; ++head) rope(src + (hq + head) * d, cos, sin, d, kv + head * d);
+                std::memcpy(kv + hkv * d, src + (hq + hkv) * d, sizeof(float) * hkv * d);
+            }
+#pragma omp master
+            for (int b = 0; b < rows; ++b)
+                for (int head = 0; head < hkv; ++head) {
+                    const size_t at = l * layer_stride + slots[b] * slot_stride + ((size_t)head * m.max_seq + pos[b]) * d;
+                    std::memcpy(m.k_cache + at, &own.kv[((size_t)b * 2 * hkv + head) * d], sizeof(float) * d);
+                    std::memcpy(m.v_cache + at, &own.kv[((size_t)b * 2 * hkv + hkv + head) * d], sizeof(float) * d);
+                }
+            // Attention reads only the positions before this step's from the cache (written in earlier steps).
+#pragma omp for schedule(static)
+            for (int i = 0; i < rows * hq; ++i) {
+                const int b = i / hq, head = i % hq, kvh = head / per_kv;
+                const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
+                const float* kv = &own.kv[(size_t)b * 2 * hkv * d];
+                attend(&own.q[(size_t)i * d], m.k_cache + base, m.v_cache + base, (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d,
+                       d, own.scores.data(), &att[(size_t)i * d]);
+            }
+            matvec::prepare(L.o, rows, att.data(), own.in);
+            matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)
+
+            norm_all(L.mlp_norm);
+            matvec::prepare(L.gate_up, rows, h, own.in);
+            matvec::linear(L.gate_up, rows, own.in, gu.data(), 2 * inter, false);
+            for (int b = 0; b < rows; ++b) {
+                const float* g = &gu[(size_t)b * 2 * inter];
+                swiglu(g, g + inter, inter, h + (size_t)b * inter);
+            }
+            matvec::prepare(L.down, rows, h, own.in);
+            matvec::linear(L.down, rows, own.in, x.data(), hidden, true);  // residual: x += down(act)
+        }
+        norm_all(m.final_norm);
+        matvec::prepare(m.head, rows, h, own.in);
+        matvec::linear(m.head, rows, own.in, logits, m.vocab, false);
+    }
+    return 0;
+}
+
+}  // extern "C"

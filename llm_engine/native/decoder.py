@@ -1,0 +1,195 @@
+"""The compiled CPU decode step behind the same call as GraphedDecoder: decode(tokens, positions, slots).
+
+It describes the model to decode.cpp once (pointers into the model's own tensors and the KV cache, no
+copies) and then runs each step as one foreign call, which releases the GIL. Prefill, speculation and
+anything the library cannot describe stay on the PyTorch path. It knows the model's layer classes and
+the cache layout; it knows nothing about requests or sampling.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from llm_engine.kv_cache import StaticKVCache
+from llm_engine.model import Transformer
+from llm_engine.native.build import NativeUnavailable, load
+from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+MAX_ROWS = 16  # kMaxRows in decode.cpp
+_F = ctypes.POINTER(ctypes.c_float)
+
+
+class PLinear(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
+        ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+        ("dm", ctypes.c_void_p),
+    ]
+
+
+class PLayer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
+        ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
+    ]
+
+
+class PModel(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_int32) for name in (
+            "n_layers", "hidden", "n_heads", "n_kv", "head_dim", "inter", "vocab", "max_seq", "n_slots", "max_rows",
+            "int4_dot")),
+        ("eps", ctypes.c_float), ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", PLinear),
+        ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p), ("layers", ctypes.POINTER(PLayer)),
+    ]
+
+
+_ERRORS = {1: "row count", 2: "token id", 3: "position", 4: "slot"}
+
+
+def unsupported(model: Transformer, cache: StaticKVCache) -> str | None:
+    """Why the compiled step cannot run this model and cache, or None if it can."""
+    if cache.k.device.type != "cpu":
+        return "the model is not on the CPU"
+    if cache.k.dtype != torch.float32 or next(model.parameters()).dtype != torch.float32:
+        return "it computes in float32 only"
+    if any(b.self_attn.qkv_proj is None or b.mlp.gate_up_proj is None for b in model.layers):
+        return "projections are not fused (llm_engine.fuse.fuse_projections)"
+    if model.cfg.head_dim % 2:
+        return f"head_dim {model.cfg.head_dim} is odd"
+    for layer in _linears(model):
+        if not isinstance(layer, (nn.Linear, Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
+            return f"no kernel for {type(layer).__name__}"
+    return None
+
+
+def _linears(model: Transformer) -> list[nn.Module]:
+    out: list[nn.Module] = []
+    for b in model.layers:
+        out += [b.self_attn.qkv_proj, b.self_attn.o_proj, b.mlp.gate_up_proj, b.mlp.down_proj]
+    return out + ([model.lm_head] if model.lm_head is not None else [])
+
+
+def _ptr(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
+    if t is None:
+        return None
+    t = t.detach().float().contiguous()  # a no-op for the model's own float32 tensors
+    keep.append(t)
+    return t.data_ptr()
+
+
+def describe_linear(layer: nn.Module, keep: list[torch.Tensor]) -> PLinear:
+    if isinstance(layer, Int4WeightOnlyLinear):
+        keep.append(layer.packed)
+        return PLinear(2, layer.out_features, layer.in_features, layer.group_size, layer.packed.data_ptr(),
+                       _ptr(layer.scales, keep), _ptr(layer.minimums, keep), _ptr(layer.bias, keep), _half_pairs(layer, keep))
+    if isinstance(layer, Int8WeightOnlyLinear):
+        keep.append(layer.qweight)
+        return PLinear(1, layer.out_features, layer.in_features, 0, layer.qweight.data_ptr(),
+                       _ptr(layer.scales, keep), None, _ptr(layer.bias, keep))
+    n, k = layer.weight.shape  # nn.Linear, or the tied embedding as the head
+    return PLinear(0, n, k, 0, _ptr(layer.weight, keep), None, None, _ptr(layer.bias, keep))
+
+
+def _half_pairs(layer: Int4WeightOnlyLinear, keep: list[torch.Tensor]) -> int | None:
+    """(scale, minimum) per group as float16 pairs [N, G, 2] for the int8-input kernel, which reads them at
+    half the bytes; None (that layer takes the float kernel) unless float16 holds them exactly, as it does
+    for GGUF Q4_1 blocks and for Int4WeightOnlyLinear.from_float."""
+    pairs = torch.stack([layer.scales, layer.minimums], dim=-1)
+    half = pairs.to(torch.float16).contiguous()
+    if not torch.equal(half.float(), pairs):
+        return None
+    keep.append(half)
+    return half.data_ptr()
+
+
+class NativeDecoder:
+    """`decode(tokens, positions, slots) -> logits [B, V]` for up to max_rows single-token rows, compiled.
+
+    Holds pointers into the model and cache: neither may be moved or re-quantized while it lives.
+    Raises NativeUnavailable (no compiler, load failure) or ValueError (a model it cannot run).
+    """
+
+    max_rows = MAX_ROWS
+
+    def __init__(
+        self, model: Transformer, cache: StaticKVCache, *, threads: int | None = None, int8_dot: bool | None = None
+    ) -> None:
+        """int8_dot: int4 layers multiply an int8-rounded input (per 32 values, as llama.cpp does) with AVX-512
+        VNNI, ~2x faster than the float kernel; None = where the CPU has it. threads: None = torch's count."""
+        reason = unsupported(model, cache)
+        if reason is not None:
+            raise ValueError(f"the compiled decode step cannot run this model: {reason}")
+        self.lib = load()
+        abi = ctypes.sizeof(PLinear) * 1000 + ctypes.sizeof(PLayer) * 10 + ctypes.sizeof(PModel) % 10
+        if self.lib.parley_abi() != abi:
+            raise NativeUnavailable(f"decode.cpp's structs do not match decoder.py's ({self.lib.parley_abi()} != {abi})")
+        self.model, self.cache, self.threads = model, cache, threads
+        has_dot = bool(self.lib.parley_features() & 1)
+        if int8_dot and not has_dot:
+            raise NativeUnavailable("this CPU (or compiler) has no AVX-512 VNNI for the int8-input int4 path")
+        self.int8_dot = has_dot if int8_dot is None else int8_dot
+        cfg = model.cfg
+        keep: list[torch.Tensor] = []
+        layers = (PLayer * cfg.num_layers)()
+        for i, b in enumerate(model.layers):
+            layers[i] = PLayer(
+                _ptr(b.input_layernorm.weight, keep), _ptr(b.post_attention_layernorm.weight, keep),
+                describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
+                describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
+            )
+        head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed_tokens.weight)
+        self._desc = PModel(
+            cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, int(self.int8_dot), cfg.rms_norm_eps,
+            _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), describe_linear(head, keep),
+            _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
+            cache.k.data_ptr(), cache.v.data_ptr(), layers,
+        )
+        if model.rope_cos.shape[0] < cache.max_seq_len:
+            raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
+        self._layers, self._keep = layers, keep  # the structs point into these: they live as long as we do
+
+    @torch.inference_mode()
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
+        b = len(tokens)
+        if not 1 <= b <= MAX_ROWS or len(positions) != b or len(slots) != b:
+            raise ValueError(f"decode takes 1..{MAX_ROWS} rows of (token, position, slot), got {b}")
+        rows = (ctypes.c_int64 * (3 * b))(*tokens, *positions, *slots)
+        logits = torch.empty(b, self.model.cfg.vocab_size)
+        base, size = ctypes.addressof(rows), ctypes.sizeof(ctypes.c_int64)
+        threads = self.threads or torch.get_num_threads()
+        code = self.lib.parley_decode(ctypes.byref(self._desc), b, base, base + b * size, base + 2 * b * size,
+                                      logits.data_ptr(), threads)
+        if code != 0:
+            raise ValueError(f"decode: {_ERRORS.get(code, code)} out of range in {list(zip(tokens, positions, slots))}")
+        return logits
+
+
+class _TiedHead(nn.Module):
+    """The embedding matrix read as a float32 head (tied weights, no quantized head module)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, None
+
+
+def native_decoder(model: Transformer, cache: StaticKVCache, *, required: bool) -> tuple[NativeDecoder | None, str]:
+    """-> (the compiled step, or None where it cannot run here, and a line saying which path decode takes
+    and why). required: raise ValueError instead of returning None."""
+    reason = unsupported(model, cache)
+    if reason is None:
+        try:
+            decoder = NativeDecoder(model, cache)
+            kernel = "int4 layers on the int8-input VNNI kernel" if decoder.int8_dot else "float kernels"
+            return decoder, f"compiled CPU step ({kernel})"
+        except NativeUnavailable as exc:
+            reason = str(exc)
+    if required:
+        raise ValueError(f"the compiled decode step was asked for, but {reason}")
+    return None, f"torch (no compiled CPU step: {reason})"

@@ -1,0 +1,234 @@
+"""The compiled CPU decode step (llm_engine/native) against the model's own float32 math.
+
+The reference is the PyTorch forward with every quantized layer on dequantize+matmul (use_kernel=False),
+i.e. exact float32 arithmetic on the same weights: the compiled step must match it to rounding (float
+kernels) or to its int8-input rounding (the VNNI int4 path), rows batched or alone, and write the same
+keys and values into the cache.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_engine.config import ModelConfig
+from llm_engine.fuse import fuse_projections
+from llm_engine.kv_cache import StaticKVCache
+from llm_engine.model import Transformer
+from llm_engine.native import build
+from llm_engine.native.decoder import NativeDecoder, native_decoder, unsupported
+from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, quantize_model
+
+SEQ = 64
+
+
+def has_int8_dot() -> bool:
+    return bool(build.load().parley_features() & 1)
+
+
+INT8_DOT = [False, pytest.param(True, marks=pytest.mark.skipif("not has_int8_dot()", reason="no AVX-512 VNNI here"))]
+
+
+def tiny(scheme: str, *, bias: bool = False, tied: bool = False, group_size: int = 32, seed: int = 0) -> Transformer:
+    cfg = ModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=32, qkv_bias=bias, tie_word_embeddings=tied)  # fmt: skip
+    torch.manual_seed(seed)
+    model = Transformer(cfg, SEQ).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.1)
+    quantize_model(model, scheme, group_size=group_size, use_kernel=False)  # type: ignore[arg-type]
+    return fuse_projections(model)
+
+
+def cache_for(model: Transformer, slots: int = 3) -> StaticKVCache:
+    c = model.cfg
+    return StaticKVCache(c.num_layers, slots, c.num_kv_heads, SEQ, c.head_dim)
+
+
+def prefill(model: Transformer, caches: list[StaticKVCache], slot: int, tokens: list[int]) -> None:
+    with torch.inference_mode():
+        for cache in caches:
+            model(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache, [slot], "last", kv_len=len(tokens))
+
+
+def reference_step(model: Transformer, cache: StaticKVCache, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        t, p = torch.tensor(tokens)[:, None], torch.tensor(positions)[:, None]
+        return model(t, p, cache, slots, "last", kv_len=max(positions) + 1)[:, 0]
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("int8_dot", INT8_DOT)
+@pytest.mark.parametrize(
+    "scheme,bias,tied,group_size",
+    [("none", False, True, 32), ("none", True, False, 32), ("int8", True, False, 32), ("int8", False, True, 32),
+     ("int4", False, False, 32), ("int4", True, True, 32), ("int4", False, False, 64), ("int4", False, False, 128),
+     ("int4", False, False, 16)],
+)  # fmt: skip
+def test_batched_steps_match_the_float_forward(scheme: str, bias: bool, tied: bool, group_size: int, int8_dot: bool) -> None:
+    model = tiny(scheme, bias=bias, tied=tied, group_size=group_size)
+    ref_cache, cache = cache_for(model), cache_for(model)
+    decoder = NativeDecoder(model, cache, int8_dot=int8_dot)
+    prefill(model, [ref_cache, cache], 0, [5, 17, 42, 99, 7])
+    prefill(model, [ref_cache, cache], 2, [250, 3])
+    tokens, positions, slots = [11, 200], [5, 2], [0, 2]
+    # Only int4 layers take the int8-input path; everything else is float32 either way.
+    tol = 2e-3 if int8_dot and scheme == "int4" and group_size != 16 else 2e-5
+    for _ in range(3):
+        want = reference_step(model, ref_cache, tokens, positions, slots)
+        got = decoder.decode(tokens, positions, slots)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert relative_error(got, want) < tol
+        tokens, positions = [int(t) for t in want.argmax(-1)], [p + 1 for p in positions]
+    for slot, length in ((0, 8), (2, 5)):
+        for ours, theirs in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+            assert relative_error(ours[:, slot, :, :length], theirs[:, slot, :, :length]) < 10 * tol
+    assert cache.k[:, 1].abs().max() == 0  # the slot nobody used stays untouched
+
+
+@pytest.mark.parametrize("int8_dot", INT8_DOT)
+def test_a_row_in_a_batch_gets_what_it_gets_alone(int8_dot: bool) -> None:
+    model = tiny("int4")
+    together, alone = cache_for(model), cache_for(model)
+    prompts = {0: [1, 2, 3], 1: [40, 50, 60, 70, 80], 2: [9]}
+    for slot, prompt in prompts.items():
+        prefill(model, [together, alone], slot, prompt)
+    batched = NativeDecoder(model, together, int8_dot=int8_dot).decode([5, 6, 7], [3, 5, 1], [0, 1, 2])
+    single = NativeDecoder(model, alone, int8_dot=int8_dot)
+    # Float sums in another order differ by ~1e-7; the int8 path rounds each layer's input to 1/32768 of
+    # its block's largest value, so such a difference can move one rounding step (~3e-5 of the value).
+    atol = 1e-3 if int8_dot else 1e-5
+    for i, (tok, pos, slot) in enumerate(zip([5, 6, 7], [3, 5, 1], [0, 1, 2])):
+        assert torch.allclose(batched[i], single.decode([tok], [pos], [slot])[0], rtol=0, atol=atol)
+
+
+def test_bad_rows_are_refused_before_anything_is_written() -> None:
+    model = tiny("int4")
+    cache = cache_for(model)
+    decoder = NativeDecoder(model, cache)
+    before = cache.k.clone()
+    bad = [([300], [0], [0], "token id"), ([1], [SEQ], [0], "position"), ([1], [0], [3], "slot"), ([1], [-1], [0], "position")]
+    for tokens, positions, slots, what in bad:
+        with pytest.raises(ValueError, match=what):
+            decoder.decode(tokens, positions, slots)
+    with pytest.raises(ValueError, match="rows"):
+        decoder.decode([], [], [])
+    with pytest.raises(ValueError, match="rows"):
+        decoder.decode([1] * 17, list(range(17)), [0] * 17)
+    assert torch.equal(cache.k, before)
+
+
+def test_models_it_cannot_run_say_why() -> None:
+    unfused = Transformer(tiny("none").cfg, SEQ)
+    assert "not fused" in (unsupported(unfused, cache_for(unfused)) or "")
+    half = tiny("none").to(torch.bfloat16)
+    assert "float32" in (unsupported(half, cache_for(half)) or "")
+    with pytest.raises(ValueError, match="not fused"):
+        NativeDecoder(unfused, cache_for(unfused))
+    decoder, line = native_decoder(unfused, cache_for(unfused), required=False)
+    assert decoder is None and line.startswith("torch") and "not fused" in line
+    with pytest.raises(ValueError, match="not fused"):
+        native_decoder(unfused, cache_for(unfused), required=True)
+    decoder, line = native_decoder(tiny("int4"), cache_for(tiny("int4")), required=True)
+    assert decoder is not None and line.startswith("compiled")
+
+
+def test_scales_float16_cannot_hold_take_the_float_kernel() -> None:
+    """An int4 layer whose scales are not float16 values is still exact, on the float kernel."""
+    model = tiny("int4")
+    layer = model.layers[0].mlp.down_proj
+    assert isinstance(layer, Int4WeightOnlyLinear)
+    layer.scales.mul_(1 + 2**-20)  # no longer a float16 value
+    ref_cache, cache = cache_for(model), cache_for(model)
+    prefill(model, [ref_cache, cache], 0, [4, 8, 15])
+    got = NativeDecoder(model, cache).decode([16], [3], [0])
+    assert relative_error(got, reference_step(model, ref_cache, [16], [3], [0])) < 2e-3
+
+
+def test_from_float_int4_scales_are_float16_values() -> None:
+    layer = Int4WeightOnlyLinear.from_float(torch.randn(64, 128) * 0.05)
+    for t in (layer.scales, layer.minimums):
+        assert torch.equal(t.half().float(), t)
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(build.NativeUnavailable, match="g\\+\\+"):
+        build.compiler()
+
+
+def test_a_compile_error_is_reported_with_the_compiler_output(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "decode.cpp"
+    broken.write_text("int main( {\n")
+    monkeypatch.setattr(build, "SOURCE", broken)
+    target = tmp_path / "out" / "lib.so"
+    with pytest.raises(build.NativeUnavailable, match="could not build") as info:
+        build.build(build.compiler(), target)
+    assert "error" in str(info.value) and not target.exists()
+
+
+def test_the_library_shares_torchs_openmp_runtime() -> None:
+    """Two libgomp copies would mean two thread pools fighting over two cores (see llm_engine.threads)."""
+    build.load()
+    maps = open("/proc/self/maps").read()
+    gomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    assert len(gomps) == 1, gomps
+
+
+@pytest.fixture(scope="module")
+def smol_int4(smol_path):
+    from llm_engine.engine import Engine
+
+    engine = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4", native="off")
+    return engine.model, engine.tokenizer
+
+
+@pytest.mark.parametrize("int8_dot", INT8_DOT)
+def test_embedded_int4_greedy_is_the_float_forwards(smol_int4, int8_dot: bool) -> None:
+    """SmolLM2's own Q4_1 weights: the compiled step's greedy reply is the exact float32 forward's."""
+    from llm_engine.request import ChatMessage
+
+    model, tokenizer = smol_int4
+    quant_layers = [m for m in model.modules() if isinstance(m, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))]
+    for m in quant_layers:
+        m.use_kernel = False
+    try:
+        for question in ("What is the capital of France?", "How do I boil an egg?"):
+            prompt = tokenizer.apply_chat_template([ChatMessage("user", question)])
+            n = len(prompt)
+            ref_cache, cache = cache_for_smol(model), cache_for_smol(model)
+            prefill(model, [ref_cache, cache], 0, prompt[:-1])
+            decoder = NativeDecoder(model, cache, int8_dot=int8_dot)
+            ours, theirs, worst = prompt[-1], prompt[-1], 0.0
+            for i in range(16):
+                got = decoder.decode([ours], [n - 1 + i], [0])[0]
+                want = reference_step(model, ref_cache, [theirs], [n - 1 + i], [0])[0]
+                worst = max(worst, float((got - want).abs().max()))
+                ours, theirs = int(got.argmax()), int(want.argmax())
+                assert ours == theirs, f"{question!r}: step {i} differs"
+            assert worst < (0.05 if int8_dot else 1e-3)
+    finally:
+        for m in quant_layers:
+            m.use_kernel = True
+
+
+def cache_for_smol(model: Transformer) -> StaticKVCache:
+    c = model.cfg
+    return StaticKVCache(c.num_layers, 1, c.num_kv_heads, 256, c.head_dim)
+
+
+def test_engine_says_which_decode_path_it_took(smol_int4) -> None:
+    from llm_engine.engine import Engine
+
+    model, tokenizer = smol_int4
+    on = Engine(model, tokenizer, max_seq_len=128, max_slots=1)
+    assert on.native is not None and on.decode_path.startswith("compiled CPU step")
+    off = Engine(model, tokenizer, max_seq_len=128, max_slots=1, native="off")
+    assert off.native is None and off.decode_path == "torch"
+    with pytest.raises(ValueError, match="native must be"):
+        Engine(model, tokenizer, max_seq_len=128, max_slots=1, native="maybe")
+
