@@ -1,8 +1,9 @@
 """LLM engine speed on the embedded SmolLM2 (or --model a .gguf): one run, one table.
 
-Rows: our engine at none (fp32) / int8 / int4, each plain and with speculation (int4 self-draft, adaptive
-draft length); continuous batching at 1/4/8 concurrent requests (aggregate tokens/s through the threaded
-Engine); transformers `generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF.
+Rows: our engine at none (fp32) / int8 / int4, each with decode steps in torch eager, through the compiled
+CPU step (llm_engine/native), and with speculation (int4 self-draft, torch); continuous batching at 1/4/8
+concurrent requests (aggregate tokens/s through the threaded Engine, compiled step and torch); transformers
+`generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF.
 Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
 to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
 Usage: HF_HUB_OFFLINE=1 .venv/bin/python bench/llm.py [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
@@ -23,6 +24,7 @@ from llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
     llm_path,
     run_llama_cpp,
+    run_native,
     run_plain,
     run_speculative,
     run_transformers,
@@ -75,13 +77,12 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     rows: list[Row] = []
     reference: list[int] | None = None
     for name, m in variants(path, model).items():
-        run_plain(m, prompt[:8], 4)  # warm-up: kernel layouts, allocator
-        best = max((run_plain(m, prompt, n) for _ in range(2)), key=lambda r: r[1])  # the less disturbed run
-        ttft, tps, out = best
-        reference = reference or out
-        same = same_as(out, reference)
         nbytes = weight_bytes_per_token(m)
-        rows.append(show(Row(name, ttft, tps, same, nbytes, tps)))
+        for path_name, run in (("torch eager", run_plain), ("compiled step", run_native)):
+            run(m, prompt[:8], 4)  # warm-up: kernel layouts, allocator, the library's first load
+            ttft, tps, out = max((run(m, prompt, n) for _ in range(2)), key=lambda r: r[1])  # the less disturbed run
+            reference = reference or out
+            rows.append(show(Row(f"{name}, {path_name}", ttft, tps, same_as(out, reference), nbytes, tps)))
         ttft, tps, sout, acc = run_speculative(m, draft, prompt, n)
         rows.append(show(Row(f"{name} + speculation, acceptance {acc:.2f}", ttft, tps, same_as(sout, out),
                              None, tps)))  # fmt: skip
@@ -89,10 +90,13 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     return rows, reference
 
 
-def batching_rows(path: Path, quant: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
+def batching_rows(path: Path, quant: str, native: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
     # Loaded on a thread that exits; this thread only waits on the streams, so the engine thread's OpenMP
     # pool is the only live one while it decodes, as in the server.
-    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=512, max_slots=max(sizes), quant=quant))
+    engine = on_own_thread(
+        lambda: Engine.from_path(path, max_seq_len=512, max_slots=max(sizes), quant=quant, native=native)
+    )
+    label = "compiled step" if engine.native is not None else "torch"
     nbytes = weight_bytes_per_token(engine.model)
     engine.start()
     try:
@@ -100,7 +104,7 @@ def batching_rows(path: Path, quant: str, new_tokens: int, sizes: tuple[int, ...
     finally:
         engine.stop()
     return [
-        show(Row(f"{quant}: {r.batch} concurrent requests, Engine (aggregate)", r.first_token_ms, r.aggregate_tokens_per_s,
+        show(Row(f"{quant}, {label}: {r.batch} concurrent requests, Engine (aggregate)", r.first_token_ms, r.aggregate_tokens_per_s,
                  "-", nbytes, r.aggregate_tokens_per_s / r.batch))  # fmt: skip
         for r in found
     ]
@@ -140,12 +144,13 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, copy bandwidth {BW_GB_S:.1f} GB/s, load average {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     print(f"{'engine / variant':62s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/step':>8s} {'% of BW':>7s}")
     rows, reference = on_own_thread(single_request_rows, args.model, prompt, args.tokens)
-    for quant in ("none", "int4"):
-        rows += batching_rows(args.model, quant, args.batch_tokens, tuple(int(b) for b in args.batches.split(",")))
+    sizes = tuple(int(b) for b in args.batches.split(","))
+    for quant, native in (("none", "on"), ("int4", "on"), ("int4", "off")):
+        rows += batching_rows(args.model, quant, native, args.batch_tokens, sizes)
     baselines: dict[str, float] = {}
     if not args.skip_transformers:
         ttft, tps, hout = on_own_thread(run_transformers, folder, prompt, args.tokens)
-        fp32_bytes = next(r.bytes_per_step for r in rows if r.name == "none (fp32)")
+        fp32_bytes = next(r.bytes_per_step for r in rows if r.name.startswith("none (fp32)"))
         rows.append(show(Row("transformers generate (fp32, same weights)", ttft, tps, same_as(hout, reference), fp32_bytes, tps)))
         baselines["transformers"] = tps
     lc = "skipped" if args.skip_llama_cpp else run_llama_cpp(args.model, prompt, args.tokens)
@@ -160,9 +165,10 @@ def main() -> None:
         for row in rows:
             if not row.name.startswith(("transformers", "llama.cpp")):
                 print(f"{row.name:62s}" + "".join(f"{row.tokens_per_s / v:15.2f}x" for v in baselines.values()))
-    print("\ngreedy '=': the same tokens as the fp32 row (speculative rows: as their own plain row). A quantized row can part"
-          " at a near-tie: its kernels round activations to bfloat16, with a blocking that depends on the row count, so a"
-          " verify over k+1 rows and a one-row step may round differently (an fp32 target stays identical).\nMB/step: weight"
+    print("\ngreedy '=': the same tokens as the first (fp32, torch eager) row; speculative rows: as their own torch row."
+          " A quantized torch row can part at a near-tie: torch's int4/int8 kernels round activations to bfloat16, with a"
+          " blocking that depends on the row count. The compiled step computes in float32 (its int4 kernel splits each"
+          " input into two int8 parts, ~16 bits).\nMB/step: weight"
           " bytes one decode step reads (speculation: '-', it varies with the draft length). TTFT 'n/a': llama.cpp fed the"
           " prompt one token at a time after its batched kernels crashed.")  # fmt: skip
 

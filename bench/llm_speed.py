@@ -1,4 +1,4 @@
-"""Measurements behind bench/llm.py's table: one greedy request (plain or speculative) on a bare model,
+"""Measurements behind bench/llm.py's table: one greedy request (torch eager, compiled step or speculative) on a bare model,
 transformers `generate`, llama.cpp in a child process, and the machine's copy bandwidth.
 
 Each returns (time to first token ms, decode tokens/s, tokens); the table and its ratios live in llm.py.
@@ -60,6 +60,25 @@ def run_plain(model: Transformer, prompt: list[int], n: int) -> tuple[float, flo
     while len(out) < n:
         logits = model(torch.tensor([[out[-1]]]), torch.tensor([[pos]]), cache, [0], kv_len=pos + 1)
         out.append(int(logits[0, -1].argmax()))
+        pos += 1
+    return 1000 * ttft, (n - 1) / (time.perf_counter() - t1), out
+
+
+@torch.inference_mode()
+def run_native(model: Transformer, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
+    """run_plain with the decode steps through the compiled CPU step (llm_engine/native); prefill stays torch."""
+    from llm_engine.native.decoder import NativeDecoder
+
+    cache = cache_for(model)
+    decoder = NativeDecoder(model, cache)
+    t0 = time.perf_counter()
+    logits = model(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache, [0])
+    out = [int(logits[0, -1].argmax())]
+    ttft = time.perf_counter() - t0
+    pos = len(prompt)
+    t1 = time.perf_counter()
+    while len(out) < n:
+        out.append(int(decoder.decode([out[-1]], [pos], [0])[0].argmax()))
         pos += 1
     return 1000 * ttft, (n - 1) / (time.perf_counter() - t1), out
 

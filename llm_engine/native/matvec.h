@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <omp.h>
+
 #include "abi.h"
 #include "int4_vnni.h"
 #include "vec16.h"
@@ -170,29 +172,49 @@ Int4Path int4_path(const PLinear& L, const Input& p) {
     return int4_fast(L) ? Int4Path::kFloat : Int4Path::kAnyGroup;
 }
 
-// Output row j against R inputs, whatever the layer's kind.
-template <int R>
-void rows_of(const PLinear& L, int j, const Input& p, float* out) {
-    const float* x = p.x;
-    if (L.kind == KIND_INT4) {
-        switch (int4_path(L, p)) {
-#ifdef PARLEY_INT4_VNNI
-            case Int4Path::kInt8Dot:
-                int4_vnni::rows<R, lanes<R>()>((const uint8_t*)L.w + (size_t)j * (L.k / 2), L.dm + (size_t)j * (L.k / L.group) * 2,
-                                               L.k, L.group, p.xq.data(), p.xq.data() + (size_t)R * L.k, p.dx.data(), p.xs.data(), out);
-                break;
-#endif
-            case Int4Path::kFloat: int4_rows<R>(L, j, p.xp.data(), p.xsum.data(), out); break;
-            default: int4_row_any_group(L, j, R, x, out);
+// Output rows [j0, j1) against R inputs, written (or added) to y with the bias: the loop over rows sits
+// inside each kernel's instantiation so the per-row kernel inlines (a call per row cost ~5 % of a step).
+template <int R, typename Row>
+inline void each_row(const PLinear& L, int j0, int j1, float* y, int ystride, bool accumulate, Row row) {
+    for (int j = j0; j < j1; ++j) {
+        float out[R];
+        row(j, out);
+        const float bias = L.bias ? L.bias[j] : 0.f;
+        for (int b = 0; b < R; ++b) {
+            float& dst = y[(size_t)b * ystride + j];
+            dst = (accumulate ? dst : 0.f) + out[b] + bias;
         }
-    } else if (L.kind == KIND_INT8) {
-        dense_rows<R, int8_t>(L, j, x, out);
-    } else {
-        dense_rows<R, float>(L, j, x, out);
     }
 }
 
-using RowsFn = void (*)(const PLinear&, int, const Input&, float*);
+template <int R>
+void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int ystride, bool accumulate) {
+    const float* x = p.x;
+    auto run = [&](auto row) { each_row<R>(L, j0, j1, y, ystride, accumulate, row); };
+    if (L.kind == KIND_INT4) {
+        switch (int4_path(L, p)) {
+#ifdef PARLEY_INT4_VNNI
+            case Int4Path::kInt8Dot: {
+                const size_t dm_row = (size_t)(L.k / L.group) * 2;
+                const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k;
+                run([&](int j, float* out) {
+                    int4_vnni::rows<R, lanes<R>()>((const uint8_t*)L.w + (size_t)j * (L.k / 2), L.dm + j * dm_row, L.k, L.group, hi,
+                                                   lo, p.dx.data(), p.xs.data(), out);
+                });
+                break;
+            }
+#endif
+            case Int4Path::kFloat: run([&](int j, float* out) { int4_rows<R>(L, j, p.xp.data(), p.xsum.data(), out); }); break;
+            default: run([&](int j, float* out) { int4_row_any_group(L, j, R, x, out); });
+        }
+    } else if (L.kind == KIND_INT8) {
+        run([&](int j, float* out) { dense_rows<R, int8_t>(L, j, x, out); });
+    } else {
+        run([&](int j, float* out) { dense_rows<R, float>(L, j, x, out); });
+    }
+}
+
+using RowsFn = void (*)(const PLinear&, int, int, const Input&, float*, int, bool);
 
 template <int... R>
 constexpr RowsFn pick(int rows, std::integer_sequence<int, R...>) {
@@ -212,19 +234,13 @@ void prepare(const PLinear& L, int rows, const float* x, Input& in) {
 #endif
 }
 
-// y[b * ystride + j] (+)= (W x_b)[j] + bias[j], output rows split across the team (ends in a barrier).
+// y[b * ystride + j] (+)= (W x_b)[j] + bias[j]: each thread takes one contiguous share of the output rows
+// (one weight stream each), then waits for the others.
 void linear(const PLinear& L, int rows, const Input& in, float* y, int ystride, bool accumulate) {
-    const RowsFn rows_fn = pick(rows, std::make_integer_sequence<int, kMaxRows>{});
-#pragma omp for schedule(static)
-    for (int j = 0; j < L.n; ++j) {
-        float out[kMaxRows];
-        rows_fn(L, j, in, out);
-        const float bias = L.bias ? L.bias[j] : 0.f;
-        for (int b = 0; b < rows; ++b) {
-            float& dst = y[(size_t)b * ystride + j];
-            dst = (accumulate ? dst : 0.f) + out[b] + bias;
-        }
-    }  // implicit barrier
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int j0 = (int)((int64_t)L.n * t / nt), j1 = (int)((int64_t)L.n * (t + 1) / nt);
+    pick(rows, std::make_integer_sequence<int, kMaxRows>{})(L, j0, j1, in, y, ystride, accumulate);
+#pragma omp barrier
 }
 
 }  // namespace matvec

@@ -57,14 +57,21 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
 
 
 def test_llm_table_tiny() -> None:
-    """bench/llm.py with a few tokens and no baselines: every variant's row, plain and speculative, and batching."""
+    """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
+    speculative) and the batching rows."""
     proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--skip-transformers", "--skip-llama-cpp")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
-        plain = [line for line in lines if line.startswith(variant + " ") and "+ speculation" not in line]
+        for path in ("torch eager", "compiled step"):
+            plain = [line for line in lines if line.startswith(f"{variant}, {path} ")]
+            assert len(plain) == 1, (variant, path, lines)
+            assert float(plain[0].split()[-4]) > 0  # tokens/s
+            if variant != "int8":  # the same weights as the fp32 row (int8 re-rounds them)
+                assert plain[0].split()[-3] == "=", plain[0]  # greedy: the fp32 row's tokens
         spec = [line for line in lines if line.startswith(variant + " + speculation")]
-        assert len(plain) == 1 and len(spec) == 1, (variant, lines)
-        assert float(plain[0].split()[-4]) > 0  # tokens/s
-    assert sum("concurrent requests" in line for line in lines) == 4  # none and int4 at 1 and 2
+        assert len(spec) == 1, (variant, lines)
+    compiled = [line for line in lines if "compiled step:" in line and "concurrent requests" in line]
+    assert len(compiled) == 4  # none and int4 at 1 and 2
+    assert sum("torch:" in line and "concurrent requests" in line for line in lines) == 2  # int4 at 1 and 2
     assert any(line.startswith("llama.cpp") and "skipped" in line for line in lines)
