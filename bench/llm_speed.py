@@ -48,9 +48,17 @@ def cache_for(model: Transformer) -> StaticKVCache:
 
 
 @torch.inference_mode()
-def run_plain(model: Transformer, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
-    """-> (ttft_ms, decode tok/s, tokens) greedy, one request, slot 0."""
+def run_plain(model: Transformer, prompt: list[int], n: int, *, compiled: bool = False) -> tuple[float, float, list[int]]:
+    """-> (ttft_ms, decode tok/s, tokens) greedy, one request, slot 0. compiled: decode steps through the
+    compiled CPU step (llm_engine/native); the prefill is torch either way."""
     cache = cache_for(model)
+    if compiled:
+        from llm_engine.native.decoder import NativeDecoder
+
+        native = NativeDecoder(model, cache)
+        step = lambda token, pos: native.decode([token], [pos], [0])[0]  # noqa: E731
+    else:
+        step = lambda token, pos: model(torch.tensor([[token]]), torch.tensor([[pos]]), cache, [0], kv_len=pos + 1)[0, -1]  # noqa: E731
     t0 = time.perf_counter()
     logits = model(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache, [0])
     out = [int(logits[0, -1].argmax())]
@@ -58,29 +66,13 @@ def run_plain(model: Transformer, prompt: list[int], n: int) -> tuple[float, flo
     pos = len(prompt)
     t1 = time.perf_counter()
     while len(out) < n:
-        logits = model(torch.tensor([[out[-1]]]), torch.tensor([[pos]]), cache, [0], kv_len=pos + 1)
-        out.append(int(logits[0, -1].argmax()))
+        out.append(int(step(out[-1], pos).argmax()))
         pos += 1
     return 1000 * ttft, (n - 1) / (time.perf_counter() - t1), out
 
 
-@torch.inference_mode()
 def run_native(model: Transformer, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
-    """run_plain with the decode steps through the compiled CPU step (llm_engine/native); prefill stays torch."""
-    from llm_engine.native.decoder import NativeDecoder
-
-    cache = cache_for(model)
-    decoder = NativeDecoder(model, cache)
-    t0 = time.perf_counter()
-    logits = model(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache, [0])
-    out = [int(logits[0, -1].argmax())]
-    ttft = time.perf_counter() - t0
-    pos = len(prompt)
-    t1 = time.perf_counter()
-    while len(out) < n:
-        out.append(int(decoder.decode([out[-1]], [pos], [0])[0].argmax()))
-        pos += 1
-    return 1000 * ttft, (n - 1) / (time.perf_counter() - t1), out
+    return run_plain(model, prompt, n, compiled=True)
 
 
 @torch.inference_mode()
