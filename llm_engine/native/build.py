@@ -20,7 +20,13 @@ import platformdirs
 
 SOURCE = Path(__file__).with_name("decode.cpp")
 HEADERS = tuple(sorted(SOURCE.parent.glob("*.h")))  # abi.h, matvec.h, int4_vnni.h, vec16.h
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
+
+
+def flags() -> tuple[str, ...]:
+    """FLAGS for this CPU; PARLEY_NATIVE_MARCH picks another target (the tests build the AVX2 and the plain
+    x86-64 paths this way, so the kernels a CI machine may take are checked here too)."""
+    return (*FLAGS, f"-march={os.environ.get('PARLEY_NATIVE_MARCH', 'native')}")
 
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
@@ -49,14 +55,14 @@ def _cpu_flags() -> str:
 
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256("\0".join([*(p.read_text() for p in (SOURCE, *HEADERS)), " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in (SOURCE, *HEADERS)), " ".join(flags()), version, _cpu_flags()]).encode()).hexdigest()[:16]
     return Path(platformdirs.user_cache_dir("parley")) / "native" / key / "libparley_decode.so"
 
 
 def build(cxx: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    result = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True, check=False)
+    result = subprocess.run([cxx, *flags(), str(SOURCE), "-o", str(tmp)], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise NativeUnavailable(f"{cxx} could not build {SOURCE.name}:\n{result.stderr[-2000:]}")
