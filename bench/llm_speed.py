@@ -116,16 +116,19 @@ gguf, n, threads, n_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int
 prompt = json.loads(sys.stdin.read())
 llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_batch=n_batch, n_ubatch=n_batch, verbose=False)
 llm.create_completion(prompt, max_tokens=1, temperature=0.0)  # warm-up
-llm.reset()  # forget the cached prompt so the timed run prefills it like ours does
 no_eos = {llm.token_eos(): -1e9}  # decode exactly n tokens, as the other rows do
-t0 = time.perf_counter()
-first, count = None, 0
-for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True, logit_bias=no_eos):
-    count += 1
-    if first is None:
-        first = time.perf_counter()
-end = time.perf_counter()
-print(json.dumps([1000 * (first - t0), (count - 1) / max(end - first, 1e-9)]))
+runs = []
+for _ in range(2):  # the better of two, as for our rows: the less disturbed run
+    llm.reset()  # forget the cached prompt so the timed run prefills it like ours does
+    t0 = time.perf_counter()
+    first, count = None, 0
+    for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True, logit_bias=no_eos):
+        count += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    runs.append([1000 * (first - t0), (count - 1) / max(end - first, 1e-9)])
+print(json.dumps(max(runs, key=lambda r: r[1])))
 """
 
 
