@@ -2,7 +2,7 @@
 
 The library is built with the system C++ compiler for this CPU (-march=native) and cached under the user
 cache dir, keyed by the source, the flags, the compiler and the CPU's feature flags, so a rebuild happens
-only when one of them changes (~2 s). It links libgomp by soname, so inside a process that imported torch
+only when one of them changes (~5 s on the 2-core machine). It links libgomp by soname, so inside a process that imported torch
 it shares torch's OpenMP runtime (one thread pool, see threads.py for why that matters).
 It knows nothing about models: decoder.py describes one to the library.
 """
@@ -27,6 +27,7 @@ def flags() -> tuple[str, ...]:
     """FLAGS for this CPU; PARLEY_NATIVE_MARCH picks another target (the tests build the AVX2 and the plain
     x86-64 paths this way, so the kernels a CI machine may take are checked here too)."""
     return (*FLAGS, f"-march={os.environ.get('PARLEY_NATIVE_MARCH', 'native')}")
+
 
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None

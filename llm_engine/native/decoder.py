@@ -18,8 +18,7 @@ from llm_engine.model import Transformer
 from llm_engine.native.build import NativeUnavailable, load
 from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
-MAX_ROWS = 16  # kMaxRows in decode.cpp
-_F = ctypes.POINTER(ctypes.c_float)
+MAX_ROWS = 16  # matvec::kMaxRows in matvec.h
 
 
 class PLinear(ctypes.Structure):
@@ -119,8 +118,9 @@ class NativeDecoder:
     def __init__(
         self, model: Transformer, cache: StaticKVCache, *, threads: int | None = None, int8_dot: bool | None = None
     ) -> None:
-        """int8_dot: int4 layers multiply an int8-rounded input (per 32 values, as llama.cpp does) with AVX-512
-        VNNI, ~2x faster than the float kernel; None = where the CPU has it. threads: None = torch's count."""
+        """int8_dot: int4 layers take the AVX-512 VNNI kernel (the input split into two int8 parts per 32
+        values, ~16 bits), ~2x faster than the float kernel; None = where the CPU has it. threads: None =
+        torch's count at each call."""
         reason = unsupported(model, cache)
         if reason is not None:
             raise ValueError(f"the compiled decode step cannot run this model: {reason}")
@@ -133,6 +133,8 @@ class NativeDecoder:
         if int8_dot and not has_dot:
             raise NativeUnavailable("this CPU (or compiler) has no AVX-512 VNNI for the int8-input int4 path")
         self.int8_dot = has_dot if int8_dot is None else int8_dot
+        if model.rope_cos.shape[0] < cache.max_seq_len:
+            raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
         cfg = model.cfg
         keep: list[torch.Tensor] = []
         layers = (PLayer * cfg.num_layers)()
@@ -150,8 +152,6 @@ class NativeDecoder:
             _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
             cache.k.data_ptr(), cache.v.data_ptr(), layers,
         )
-        if model.rope_cos.shape[0] < cache.max_seq_len:
-            raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
         self._layers, self._keep = layers, keep  # the structs point into these: they live as long as we do
 
     @torch.inference_mode()

@@ -26,14 +26,14 @@ inline float dot(const float* a, const float* b, int n) {
 }
 
 // ---- matrix-vector products ---------------------------------------------------------------------
-// Every kernel computes y[b, j] (+)= W[j] . x[b] + bias[j] for its share of output rows j (omp for).
+// Every kernel computes W[j] . x[b] for output rows j and inputs b; linear() gives each thread its share.
 
-// Int4 inputs are prepared once per call: within each 32-wide block the 16 even-k values come first,
+// The float int4 kernel's input, prepared by each thread: within each 32-wide block the 16 even-k values come first,
 // then the 16 odd-k ones, matching the low and high nibbles of the block's 16 bytes; and per group the
 // sum of x, which the group minimum multiplies.
-bool int4_fast(const PLinear& L) { return L.group % 32 == 0; }
+inline bool int4_fast(const PLinear& L) { return L.group % 32 == 0; }
 
-void prepare_int4_input(const PLinear& L, int rows, const float* x, float* xp, float* xsum) {
+inline void prepare_int4_input(const PLinear& L, int rows, const float* x, float* xp, float* xsum) {
     const int k = L.k, groups = k / L.group;
     for (int b = 0; b < rows; ++b) {
         const float* xr = x + (size_t)b * k;
@@ -94,7 +94,7 @@ void int4_rows(const PLinear& L, int j, const float* xp, const float* xsum, floa
 }
 
 // Int4 with a group size that is not a multiple of 32: plain loops over the unprepared input.
-void int4_row_any_group(const PLinear& L, int j, int rows, const float* x, float* out) {
+inline void int4_row_any_group(const PLinear& L, int j, int rows, const float* x, float* out) {
     const int k = L.k, groups = k / L.group;
     const uint8_t* wq = (const uint8_t*)L.w + (size_t)j * (k / 2);
     for (int b = 0; b < rows; ++b) {
@@ -165,7 +165,7 @@ struct Input {
 
 enum class Int4Path { kFloat, kInt8Dot, kAnyGroup };
 
-Int4Path int4_path(const PLinear& L, const Input& p) {
+inline Int4Path int4_path(const PLinear& L, const Input& p) {
 #ifdef PARLEY_INT4_VNNI
     if (p.int8_dot && L.dm && int4_vnni::fits(L.k, L.group)) return Int4Path::kInt8Dot;
 #endif
@@ -223,7 +223,7 @@ constexpr RowsFn pick(int rows, std::integer_sequence<int, R...>) {
 }
 
 // Every thread, before linear(): its own copy of the input x [rows, L.k] in the form L's kernel reads.
-void prepare(const PLinear& L, int rows, const float* x, Input& in) {
+inline void prepare(const PLinear& L, int rows, const float* x, Input& in) {
     in.x = x;
     if (L.kind != KIND_INT4) return;
     const Int4Path path = int4_path(L, in);
@@ -236,7 +236,7 @@ void prepare(const PLinear& L, int rows, const float* x, Input& in) {
 
 // y[b * ystride + j] (+)= (W x_b)[j] + bias[j]: each thread takes one contiguous share of the output rows
 // (one weight stream each), then waits for the others.
-void linear(const PLinear& L, int rows, const Input& in, float* y, int ystride, bool accumulate) {
+inline void linear(const PLinear& L, int rows, const Input& in, float* y, int ystride, bool accumulate) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int j0 = (int)((int64_t)L.n * t / nt), j1 = (int)((int64_t)L.n * (t + 1) / nt);
     pick(rows, std::make_integer_sequence<int, kMaxRows>{})(L, j0, j1, in, y, ystride, accumulate);
