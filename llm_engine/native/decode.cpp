@@ -3,10 +3,10 @@
 //
 // Why it exists: in eager PyTorch a batch-1 step on a small model is ~40 tiny ops per layer, and their
 // dispatch costs more than the arithmetic. Here the whole step is one call and one OpenMP parallel region
-// (the same libgomp runtime as torch's, so one thread pool). Only the matrix-vector products and the
-// attention heads are split across threads; everything between them (norms, rope, SwiGLU, preparing the
-// next product's input) is a few hundred values that every thread computes for itself, so a layer
-// costs five barriers.
+// (the same libgomp runtime as torch's, so one thread pool). Only the matrix-vector products (by output
+// row) and attention (by cached position, attention.h) are split across threads; everything between them
+// (norms, rope, SwiGLU, merging attention, preparing the next product's input) is a few hundred values
+// that every thread computes for itself, so a layer costs five barriers.
 //
 // The layout contract is abi.h; nothing here allocates model memory or keeps state between calls.
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include "abi.h"
+#include "attention.h"
 #include "matvec.h"
 #include "vec16.h"
 
@@ -49,17 +50,10 @@ void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * r);
 }
 
-// v[i] = e^v[i], sixteen at a time.
-void exp_inplace(float* v, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) vec16::store(v + i, vec16::exp(vec16::load(v + i)));
-    for (; i < n; ++i) v[i] = std::exp(v[i]);
-}
-
 // out[c] = silu(gate[c]) * up[c] for c < n.
 void swiglu(const float* gate, const float* up, int n, float* out) {
     for (int c = 0; c < n; ++c) out[c] = -gate[c];
-    exp_inplace(out, n);
+    vec16::exp_inplace(out, n);
     for (int c = 0; c < n; ++c) out[c] = gate[c] / (1.f + out[c]) * up[c];
 }
 
@@ -69,39 +63,17 @@ void rope(const float* x, const float* cos, const float* sin, int d, float* out)
     for (int i = 0; i < d; ++i) out[i] = x[i] * cos[i] + x[i < half ? i + half : i - half] * sin[i];
 }
 
-// One query head over the `cached` positions of its slot plus this step's key and value.
-void attend(const float* q, const float* keys, const float* values, int cached, const float* key, const float* value, int d,
-            float* scores, float* out) {
-    const float scale = 1.f / std::sqrt((float)d);
-    float top = -INFINITY;
-    for (int t = 0; t <= cached; ++t) {
-        scores[t] = dot(q, t < cached ? keys + (size_t)t * d : key, d) * scale;
-        top = std::max(top, scores[t]);
-    }
-    for (int t = 0; t <= cached; ++t) scores[t] -= top;
-    exp_inplace(scores, cached + 1);
-    float total = 0.f;
-    for (int t = 0; t <= cached; ++t) total += scores[t];
-    const float inv = 1.f / total;
-    for (int i = 0; i < d; ++i) out[i] = 0.f;
-    for (int t = 0; t <= cached; ++t) {
-        const float p = scores[t] * inv;
-        const float* vt = t < cached ? values + (size_t)t * d : value;
-#pragma omp simd
-        for (int i = 0; i < d; ++i) out[i] += p * vt[i];
-    }
-}
-
 // What every thread keeps for itself during a step.
 struct Own {
     std::vector<float> h;       // [rows, widest]: normed x, or the SwiGLU output
     std::vector<float> q, kv;   // [rows, heads, d] rotated queries; [rows, 2, kv_heads, d] rotated keys, values
-    std::vector<float> scores;  // [max_seq]
+    std::vector<float> att;     // [rows, heads, d]: the attention, merged from every thread's part
+    std::vector<float> scores;  // [heads per kv head, max_seq]
     matvec::Input in;
 
     Own(const PModel& m, int rows, int widest, bool dot)
         : h((size_t)rows * widest), q((size_t)rows * m.n_heads * m.head_dim), kv((size_t)rows * 2 * m.n_kv * m.head_dim),
-          scores((size_t)m.max_seq), in(rows, widest, dot) {}
+          att((size_t)rows * m.n_heads * m.head_dim), scores((size_t)(m.n_heads / m.n_kv) * m.max_seq), in(rows, widest, dot) {}
 };
 
 }  // namespace
@@ -122,13 +94,15 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
     const int hidden = m.hidden, d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, inter = m.inter;
     const int qkv_width = (hq + 2 * hkv) * d, widest = std::max(std::max(hidden, hq * d), inter);
     // Shared: the residual stream and the outputs the team writes together.
-    std::vector<float> x((size_t)rows * hidden), qkv((size_t)rows * qkv_width), att((size_t)rows * hq * d);
-    std::vector<float> gu((size_t)rows * 2 * inter);
+    std::vector<float> x((size_t)rows * hidden), qkv((size_t)rows * qkv_width), gu((size_t)rows * 2 * inter);
+    const int team = std::min(std::max((int)threads, 1), 64), state = attention::state_size(d);  // merge() takes <= 64 parts
+    std::vector<float> parts((size_t)team * rows * hq * state);  // [thread, row, head, state]
     const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
     for (int b = 0; b < rows; ++b) std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
 
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+#pragma omp parallel num_threads(team)
     {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
         Own own(m, rows, widest, m.int4_dot != 0);
         float* h = own.h.data();
         auto norm_all = [&](const float* weight) {
@@ -156,16 +130,25 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                     std::memcpy(m.k_cache + at, &own.kv[((size_t)b * 2 * hkv + head) * d], sizeof(float) * d);
                     std::memcpy(m.v_cache + at, &own.kv[((size_t)b * 2 * hkv + hkv + head) * d], sizeof(float) * d);
                 }
-            // Attention reads only the positions before this step's from the cache (written in earlier steps).
-#pragma omp for schedule(static)
-            for (int i = 0; i < rows * hq; ++i) {
-                const int b = i / hq, head = i % hq, kvh = head / per_kv;
-                const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
+            // Attention: each thread takes its share of every row's positions for every head; the positions
+            // before a row's own come from the cache (written in earlier steps), its own from `own.kv`.
+            for (int b = 0; b < rows; ++b) {
+                const int len = (int)pos[b] + 1, t0 = (int)((int64_t)len * me / nt), t1 = (int)((int64_t)len * (me + 1) / nt);
                 const float* kv = &own.kv[(size_t)b * 2 * hkv * d];
-                attend(&own.q[(size_t)i * d], m.k_cache + base, m.v_cache + base, (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d,
-                       d, own.scores.data(), &att[(size_t)i * d]);
+                for (int kvh = 0; kvh < hkv; ++kvh) {
+                    const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
+                    attention::partial(&own.q[((size_t)b * hq + kvh * per_kv) * d], per_kv, d, m.k_cache + base, m.v_cache + base,
+                                       (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d, t0, t1, own.scores.data(),
+                                       &parts[(((size_t)me * rows + b) * hq + kvh * per_kv) * state]);
+                }
             }
-            matvec::prepare(L.o, rows, att.data(), own.in);
+#pragma omp barrier
+            for (int i = 0; i < rows * hq; ++i) {
+                const float* mine[64];
+                for (int t = 0; t < nt; ++t) mine[t] = &parts[((size_t)t * rows * hq + i) * state];
+                attention::merge(mine, nt, d, &own.att[(size_t)i * d]);
+            }
+            matvec::prepare(L.o, rows, own.att.data(), own.in);
             matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)
 
             norm_all(L.mlp_norm);

@@ -149,4 +149,11 @@ inline void nibbles(const uint8_t* p, V& low, V& high) {
 }
 #endif
 
+// v[i] = e^v[i], sixteen at a time.
+inline void exp_inplace(float* v, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) store(v + i, exp(load(v + i)));
+    for (; i < n; ++i) v[i] = std::exp(v[i]);
+}
+
 }  // namespace vec16

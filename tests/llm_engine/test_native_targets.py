@@ -20,13 +20,13 @@ from test_native import tiny, cache_for, prefill, reference_step, relative_error
 from llm_engine.native.decoder import NativeDecoder
 assert build.load().parley_features() == 0, "a target without AVX-512 VNNI compiled the VNNI path"
 worst = 0.0
-for scheme, group in (("none", 32), ("int8", 32), ("int4", 32), ("int4", 64), ("int4", 16)):
-    model = tiny(scheme, bias=True, group_size=group)
+for scheme, group, head_dim in (("none", 32, 64), ("int8", 32, 32), ("int4", 32, 64), ("int4", 64, 64), ("int4", 16, 32)):
+    model = tiny(scheme, bias=True, group_size=group, head_dim=head_dim)
     ref_cache, cache = cache_for(model), cache_for(model)
     decoder = NativeDecoder(model, cache)
-    prefill(model, [ref_cache, cache], 1, [3, 1, 4, 1, 5, 9, 2, 6])
+    prefill(model, [ref_cache, cache], 1, [(7 * i + 3) % 300 for i in range(40)])
     prefill(model, [ref_cache, cache], 2, [27, 18])
-    tokens, positions, slots = [7, 8], [8, 2], [1, 2]
+    tokens, positions, slots = [7, 8], [40, 2], [1, 2]
     for _ in range(3):
         want = reference_step(model, ref_cache, tokens, positions, slots)
         worst = max(worst, relative_error(decoder.decode(tokens, positions, slots), want))
