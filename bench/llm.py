@@ -24,6 +24,7 @@ from llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
     llm_path,
     run_llama_cpp,
+    native_rate_at,
     run_native,
     run_plain,
     run_speculative,
@@ -90,6 +91,17 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     return rows, reference
 
 
+def context_table(path: Path, positions: list[int]) -> None:
+    """The default path (int4, compiled step) decoding with longer conversations behind it."""
+    model, _ = load_model(path, max_seq_len=max(positions) + 1)
+    gguf = read_quantized_linears(path, "int4") if path.suffix == ".gguf" else {}
+    model = fuse_projections(quantize_model(model, "int4", replacements=gguf))
+    rates = native_rate_at(model, positions)
+    print("\nint4, compiled step, one request: decode tokens/s with this many cached positions")
+    print("".join(f"{p:>10d}" for p in positions))
+    print("".join(f"{r:10.1f}" for r in rates))
+
+
 def batching_rows(path: Path, quant: str, native: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
     # Loaded on a thread that exits; this thread only waits on the streams, so the engine thread's OpenMP
     # pool is the only live one while it decodes, as in the server.
@@ -130,6 +142,7 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=32, help="tokens per request in the batching rows")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--batches", default="1,4,8", help="concurrent requests in the batching rows")
+    ap.add_argument("--contexts", default="40,300,1000,2000", help="cached positions for the context table")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
@@ -159,6 +172,7 @@ def main() -> None:
     else:
         rows.append(show(Row("llama.cpp (llama-cpp-python, same GGUF)", lc[0], lc[1], "-", None, lc[1])))
         baselines["llama.cpp"] = lc[1]
+    on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")])
     if baselines:
         print("\nRatios of decode tokens/s (the same run, the same cores):")
         print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))

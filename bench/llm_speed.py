@@ -76,6 +76,27 @@ def run_native(model: Transformer, prompt: list[int], n: int) -> tuple[float, fl
 
 
 @torch.inference_mode()
+def native_rate_at(model: Transformer, positions: list[int], steps: int = 32) -> list[float]:
+    """Compiled-step tokens/s with this many cached positions (best of three runs of `steps` steps at that
+    position: the cache contents do not change the work, only its length does)."""
+    from llm_engine.native.decoder import NativeDecoder
+
+    c = model.cfg
+    cache = StaticKVCache(c.num_layers, 1, c.num_kv_heads, max(positions) + 1, c.head_dim)
+    native = NativeDecoder(model, cache)
+    rates = []
+    for pos in positions:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                native.decode([1], [pos], [0])
+            best = min(best, time.perf_counter() - t0)
+        rates.append(steps / best)
+    return rates
+
+
+@torch.inference_mode()
 def run_speculative(model: Transformer, draft: Transformer, prompt: list[int], n: int) -> tuple[float, float, list[int], float]:
     cache = cache_for(model)
     dec = SpeculativeDecoder(model, draft, cache, draft_cache_like(draft, cache), k=4)

@@ -59,7 +59,7 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative) and the batching rows."""
-    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--skip-transformers", "--skip-llama-cpp")
+    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--skip-transformers", "--skip-llama-cpp")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
@@ -73,3 +73,5 @@ def test_llm_table_tiny() -> None:
     assert len(compiled) == 4  # none and int4 at 1 and 2
     assert sum("torch:" in line and "concurrent requests" in line for line in lines) == 2  # int4 at 1 and 2
     assert any(line.startswith("llama.cpp") and "skipped" in line for line in lines)
+    at = lines.index(next(line for line in lines if "cached positions" in line))
+    assert lines[at + 1].split() == ["20", "60"] and all(float(r) > 0 for r in lines[at + 2].split())
