@@ -37,6 +37,7 @@ def test_serve_prints_the_url_once_models_are_loaded(tmp_path: Path) -> None:
         assert any("models ready" in s for s in seen)
         health = httpx.get(url + "/healthz", timeout=10).json()
         assert health["models_loaded"] is True and health["sessions"] == 0
+        assert health["llm_decode"].startswith("compiled CPU step"), health  # g++ is part of the setup
         assert httpx.get(url + "/", timeout=10).status_code == 200  # the browser client
     finally:
         proc.terminate()
