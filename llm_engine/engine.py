@@ -147,6 +147,8 @@ class Engine:
             from llm_engine.native.decoder import native_decoder
 
             self.native, self.decode_path = native_decoder(model, self.cache, required=native == "on")
+        if self.speculation is not None:
+            self.decode_path += "; a request running alone speculates (torch)"
         self._jobs: dict[int, _Job] = {}
         self._inbox: queue.Queue[object] = queue.Queue()
         self._ids = itertools.count(1)

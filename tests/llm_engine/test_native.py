@@ -238,3 +238,13 @@ def test_engine_says_which_decode_path_it_took(smol_int4) -> None:
     with pytest.raises(ValueError, match="native must be"):
         Engine(model, tokenizer, max_seq_len=128, max_slots=1, native="maybe")
 
+
+
+def test_decode_path_says_when_lone_requests_speculate_instead(smol_int4) -> None:
+    from llm_engine.engine import Engine
+
+    _, tokenizer = smol_int4
+    target, draft = tiny("none", seed=1), tiny("int4", seed=1)
+    engine = Engine(target, tokenizer, max_seq_len=SEQ, max_slots=2, draft=draft)
+    assert engine.native is not None
+    assert engine.decode_path.startswith("compiled CPU step") and engine.decode_path.endswith("speculates (torch)")
