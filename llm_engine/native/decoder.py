@@ -159,6 +159,8 @@ class NativeDecoder:
         b = len(tokens)
         if not 1 <= b <= MAX_ROWS or len(positions) != b or len(slots) != b:
             raise ValueError(f"decode takes 1..{MAX_ROWS} rows of (token, position, slot), got {b}")
+        if len(set(slots)) != b:  # a row would attend over a position another row is writing
+            raise ValueError(f"decode takes one row per slot, got slots {list(slots)}")
         rows = (ctypes.c_int64 * (3 * b))(*tokens, *positions, *slots)
         logits = torch.empty(b, self.model.cfg.vocab_size)
         base, size = ctypes.addressof(rows), ctypes.sizeof(ctypes.c_int64)

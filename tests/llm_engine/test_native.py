@@ -124,6 +124,8 @@ def test_bad_rows_are_refused_before_anything_is_written() -> None:
         decoder.decode([], [], [])
     with pytest.raises(ValueError, match="rows"):
         decoder.decode([1] * 17, list(range(17)), [0] * 17)
+    with pytest.raises(ValueError, match="one row per slot"):
+        decoder.decode([1, 2], [0, 1], [1, 1])
     assert torch.equal(cache.k, before)
 
 
