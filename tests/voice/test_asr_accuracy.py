@@ -55,8 +55,10 @@ def test_silence_and_noise_give_no_text(tiny_transcriber, audio):
     assert transcript.no_speech_prob == 1.0
 
 
-def test_speech_padded_with_silence_is_not_padded_with_invented_words(tiny_transcriber, corpus_piper):
-    audio = np.concatenate([corpus.silence(2000), corpus_piper[0], corpus.silence(3000)])
+def test_speech_padded_with_silence_is_not_padded_with_invented_words(tiny_transcriber, corpus_piper_fixed):
+    # The clip without Piper's prosody noise: with it, tiny.en now and then hears "weather light" (a
+    # mishearing, not an invented word): it failed one of the five full runs of 2026-11-30.
+    audio = np.concatenate([corpus.silence(2000), corpus_piper_fixed[0], corpus.silence(3000)])
     assert corpus.wer(corpus.REQUESTS[0], tiny_transcriber.transcribe(audio).text) == 0.0
 
 
