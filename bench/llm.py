@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from llm_speed import (  # noqa: E402
     llm_path,
     run_llama_cpp,
     native_rate_at,
-    run_native,
     run_plain,
     run_speculative,
     run_transformers,
@@ -79,7 +79,7 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     reference: list[int] | None = None
     for name, m in variants(path, model).items():
         nbytes = weight_bytes_per_token(m)
-        for path_name, run in (("torch eager", run_plain), ("compiled step", run_native)):
+        for path_name, run in (("torch eager", run_plain), ("compiled step", partial(run_plain, compiled=True))):
             run(m, prompt[:8], 4)  # warm-up: kernel layouts, allocator, the library's first load
             ttft, tps, out = max((run(m, prompt, n) for _ in range(2)), key=lambda r: r[1])  # the less disturbed run
             reference = reference or out

@@ -71,10 +71,6 @@ def run_plain(model: Transformer, prompt: list[int], n: int, *, compiled: bool =
     return 1000 * ttft, (n - 1) / (time.perf_counter() - t1), out
 
 
-def run_native(model: Transformer, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
-    return run_plain(model, prompt, n, compiled=True)
-
-
 @torch.inference_mode()
 def native_rate_at(model: Transformer, positions: list[int], steps: int = 32) -> list[float]:
     """Compiled-step tokens/s with this many cached positions (best of three runs of `steps` steps at that

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from llm_engine.batch import DecodeRow, decode_batch
+from llm_engine.batch import DecodeRow, StepDecoder
 from llm_engine.generation import Generation
 from llm_engine.kv_cache import SlotTable, StaticKVCache
 from llm_engine.model import Transformer
@@ -33,9 +33,7 @@ from llm_engine.request import (
 from llm_engine.scheduler import BatchScheduler, StepPlan
 from llm_engine.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # imported lazily at run time: most engines use neither
-    from llm_engine.cuda_graphs import GraphedDecoder
-    from llm_engine.native.decoder import NativeDecoder
+if TYPE_CHECKING:  # imported lazily at run time: most engines do not speculate
     from llm_engine.solo_speculation import SoloSpeculation
 
 __all__ = [
@@ -133,20 +131,9 @@ class Engine:
 
             decoder = SpeculativeDecoder(model, draft, self.cache, draft_cache_like(draft, self.cache), k=draft_k)
             self.speculation = SoloSpeculation(decoder)
-        self.graphed: GraphedDecoder | None = None
-        if cuda_graphs and self.device.type == "cuda":
-            from llm_engine.cuda_graphs import DEFAULT_BUCKETS, GraphedDecoder
-
-            buckets = sorted({b for b in DEFAULT_BUCKETS if b < max_slots} | {max_slots})
-            self.graphed = GraphedDecoder(model, self.cache, buckets=buckets)
-        self.native: NativeDecoder | None = None
-        self.decode_path = "graphed" if self.graphed is not None else "torch"
-        if native not in ("auto", "on", "off"):
-            raise ValueError(f"native must be auto, on or off, got {native!r}")
-        if native != "off" and self.graphed is None:
-            from llm_engine.native.decoder import native_decoder
-
-            self.native, self.decode_path = native_decoder(model, self.cache, required=native == "on")
+        self.stepper = StepDecoder(model, self.cache, max_slots=max_slots, cuda_graphs=cuda_graphs, native=native)
+        self.native = self.stepper.native
+        self.decode_path = self.stepper.path
         if self.speculation is not None:
             self.decode_path += "; a request running alone speculates (torch)"
         self._jobs: dict[int, _Job] = {}
@@ -356,12 +343,7 @@ class Engine:
             rows.append(DecodeRow(job.slot, token, pos))
         t0 = time.perf_counter()
         try:
-            if self.native is not None and len(rows) <= self.native.max_rows:
-                logits = self.native.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
-            elif self.graphed is not None:
-                logits = self.graphed.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
-            else:
-                logits = decode_batch(self.model, self.cache, rows, self.device)  # [B, V]
+            logits = self.stepper.decode(rows)  # [B, V]
         except Exception as exc:  # noqa: BLE001 - every row of the failed forward learns why
             for job in batch:
                 self._emit(job, self._fail(job, exc))

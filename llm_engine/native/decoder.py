@@ -90,8 +90,14 @@ def describe_linear(layer: nn.Module, keep: list[torch.Tensor]) -> PLinear:
         keep.append(layer.qweight)
         return PLinear(1, layer.out_features, layer.in_features, 0, layer.qweight.data_ptr(),
                        _ptr(layer.scales, keep), None, _ptr(layer.bias, keep))
-    n, k = layer.weight.shape  # nn.Linear, or the tied embedding as the head
-    return PLinear(0, n, k, 0, _ptr(layer.weight, keep), None, None, _ptr(layer.bias, keep))
+    assert isinstance(layer, nn.Linear)
+    return describe_dense(layer.weight, layer.bias, keep)
+
+
+def describe_dense(weight: torch.Tensor, bias: torch.Tensor | None, keep: list[torch.Tensor]) -> PLinear:
+    """A float32 layer: an nn.Linear's weight, or the tied embedding read as the head."""
+    n, k = weight.shape
+    return PLinear(0, n, k, 0, _ptr(weight, keep), None, None, _ptr(bias, keep))
 
 
 def _half_pairs(layer: Int4WeightOnlyLinear, keep: list[torch.Tensor]) -> int | None:
@@ -144,11 +150,12 @@ class NativeDecoder:
                 describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
                 describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
             )
-        head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed_tokens.weight)
+        head = (describe_linear(model.lm_head, keep) if model.lm_head is not None
+                else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, int(self.int8_dot), cfg.rms_norm_eps,
-            _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), describe_linear(head, keep),
+            _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
             _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
             cache.k.data_ptr(), cache.v.data_ptr(), layers,
         )
@@ -170,15 +177,6 @@ class NativeDecoder:
         if code != 0:
             raise ValueError(f"decode: {_ERRORS.get(code, code)} out of range in {list(zip(tokens, positions, slots))}")
         return logits
-
-
-class _TiedHead(nn.Module):
-    """The embedding matrix read as a float32 head (tied weights, no quantized head module)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.weight, self.bias = weight, None
 
 
 def native_decoder(model: Transformer, cache: StaticKVCache, *, required: bool) -> tuple[NativeDecoder | None, str]:
