@@ -39,7 +39,6 @@ int32_t parley_abi(void) { return (int32_t)(sizeof(PLinear) * 1000 + sizeof(PLay
 
 namespace {
 
-using matvec::dot;
 using matvec::kMaxRows;
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
