@@ -41,7 +41,7 @@ def static_decode_step(
         ck, cv = cache.k[attn.layer], cache.v[attn.layer]  # [slots, Hkv, S, D]
         ck[slot_idx, :, pos] = k[:, :, 0]  # advanced indices around a slice: target is [B, Hkv, D]
         cv[slot_idx, :, pos] = v[:, :, 0]
-        keys, values = ck[slot_idx], cv[slot_idx]  # [B, Hkv, S, D]
+        keys, values = ck[slot_idx].to(q.dtype), cv[slot_idx].to(q.dtype)  # [B, Hkv, S, D]; a no-op unless float16
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=attn.n_kv != attn.n_heads)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, attn.n_heads * attn.head_dim))
         x = x + block.mlp(block.post_attention_layernorm(x))

@@ -18,7 +18,7 @@ import torch
 
 from llm_engine.batch import DecodeRow, StepDecoder
 from llm_engine.generation import Generation
-from llm_engine.kv_cache import SlotTable, StaticKVCache
+from llm_engine.kv_cache import SlotTable, StaticKVCache, resolve_kv_dtype
 from llm_engine.model import Transformer
 from llm_engine.request import (
     ChatMessage,
@@ -104,18 +104,20 @@ class Engine:
         draft_k: int = 4,
         cuda_graphs: bool = False,
         native: str = "auto",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
         for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only).
         native: decode steps through the compiled CPU step (llm_engine/native): "auto" where it can run
         this model (CPU, float32, fused projections, a C++ compiler), "on" (fail if it cannot), "off".
-        `decode_path` says which path decode steps take, and why."""
+        `decode_path` says which path decode steps take, and why. kv_dtype: the KV cache's element type
+        (None: the model's; float16 under a float32 model halves what long conversations read)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         cfg = model.cfg
         self.max_seq_len = max_seq_len or model.max_seq_len
-        dtype = next(model.parameters()).dtype
+        dtype = kv_dtype or next(model.parameters()).dtype
         self.cache = StaticKVCache(
             cfg.num_layers, max_slots, cfg.num_kv_heads, self.max_seq_len, cfg.head_dim, dtype=dtype, device=self.device
         )
@@ -160,18 +162,22 @@ class Engine:
         self_draft: str = "none",
         cuda_graphs: bool = False,
         native: str = "auto",
+        kv_cache: str = "auto",
     ) -> "Engine":
         """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
         quant "int8" / "int4" swaps every projection for a weight-only quantized layer. From a GGUF, Q4_1
         (int4, group 32) and Q8_0 (int8) blocks are taken as stored rather than re-rounded from floats.
         self_draft "int8" / "int4": a quantized copy of the model drafts for requests running alone.
+        kv_cache: the cache's element type, llm_engine.kv_cache.KV_DTYPES ("auto": float16 for a float32
+        model on CPU, else the model's dtype).
         """
-        from llm_engine.loader import load_model
+        from llm_engine.loader import load_model, resolve_dtype
         from llm_engine.quantize import SCHEMES, quantize_model
 
         if quant not in SCHEMES:
             raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
+        cache_dtype = resolve_kv_dtype(kv_cache, resolve_dtype(dtype), device)
         t0 = time.perf_counter()
         model, folder = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device)
         if quant != "none":
@@ -193,7 +199,7 @@ class Engine:
                 fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
         engine = cls(
             model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft,
-            cuda_graphs=cuda_graphs, native=native,
+            cuda_graphs=cuda_graphs, native=native, kv_dtype=cache_dtype,
         )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine

@@ -35,7 +35,8 @@ class StaticKVCache:
         self.max_seq_len = max_seq_len
 
     def write(self, layer: int, slots: Sequence[int], input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [B, kv_heads, T, head_dim] written at input_pos [B, T] of each row's slot."""
+        """k, v: [B, kv_heads, T, head_dim] written at input_pos [B, T] of each row's slot, in the cache's dtype."""
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)  # no-op unless the cache is narrower than the model
         if len(slots) == 1:
             # Fast path: one slot, contiguous positions (prefill or decode) -> a plain slice copy.
             start = int(input_pos[0, 0])
@@ -55,6 +56,20 @@ class StaticKVCache:
             return self.k[layer, s : s + 1, :, :kv_len], self.v[layer, s : s + 1, :, :kv_len]
         idx = torch.tensor(list(slots), device=self.k.device)
         return self.k[layer, idx, :, :kv_len], self.v[layer, idx, :, :kv_len]
+
+
+KV_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The cache's element type for a config name. "auto": float16 under a float32 model on CPU (half the
+    cache's memory, and half of what each decode step of a long conversation reads; llama.cpp's default
+    too), otherwise the model's own dtype."""
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv cache dtype must be one of {KV_DTYPES}, got {name!r}")
+    if name == "auto":
+        return torch.float16 if torch.device(device).type == "cpu" and model_dtype == torch.float32 else model_dtype
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 @dataclass

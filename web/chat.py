@@ -88,7 +88,7 @@ def chat_command(cfg: Any, persona: str | None) -> int:
     engine = Engine.from_path(
         resolve("llm", m.source, allow_downloads=cfg.models.allow_downloads),
         device=device, dtype=m.dtype, max_seq_len=m.max_seq_len, max_slots=1, quant=m.quant, group_size=m.group_size,
-        native=m.native,
+        native=m.native, kv_cache=m.kv_cache,
     )  # fmt: skip
     print(f"loaded in {engine.load_s:.1f} s; persona {p.display_name}", file=sys.stderr)
     engine.start()

@@ -29,14 +29,15 @@ struct PLayer {
 struct PModel {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
     int32_t int4_dot;         // 1: int4 layers take the int8-input dot product where it is compiled in
+    int32_t kv_half;          // 1: the KV cache holds float16 (IEEE half), 0: float32
     float eps;
     const float* embed;       // [vocab, hidden]
     const float* final_norm;  // [hidden]
     PLinear head;             // hidden -> vocab
     const float* rope_cos;    // [max_seq, head_dim]
     const float* rope_sin;    // [max_seq, head_dim], sign of the rotation folded into the first half
-    float* k_cache;           // [n_layers, n_slots, n_kv, max_seq, head_dim]
-    float* v_cache;
+    void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float or half (kv_half)
+    void* v_cache;
     const PLayer* layers;     // [n_layers]
 };
 

@@ -17,11 +17,11 @@ namespace attention {
 inline int state_size(int d) { return d + 2; }
 
 // The G query heads q [G, d] of one kv head, over positions [t0, t1) of a row whose first `cached`
-// positions are in keys/values [*, d] and whose own (position `cached`) key and value are given.
-// Each key and value is loaded once for all G heads. scores: scratch of G * (t1 - t0) floats.
-// out: G partial states.
-template <int C, int G>  // head_dim = 16 * C
-void part(const float* q, const float* keys, const float* values, int cached, const float* key, const float* value,
+// positions are in keys/values [*, d] and whose own (position `cached`) key and value are given, all
+// of the cache's element type T (float or half). Each key and value is loaded once for all G heads.
+// scores: scratch of G * (t1 - t0) floats. out: G partial states.
+template <int C, int G, typename T>  // head_dim = 16 * C
+void part(const float* q, const T* keys, const T* values, int cached, const T* key, const T* value,
           int t0, int t1, float scale, float* scores, float* out) {
     using namespace vec16;
     constexpr int d = 16 * C;
@@ -72,16 +72,17 @@ void part(const float* q, const float* keys, const float* values, int cached, co
 }
 
 // The same for any even head_dim, in plain loops.
-inline void part_any(const float* q, int G, int d, const float* keys, const float* values, int cached, const float* key,
-                     const float* value, int t0, int t1, float scale, float* scores, float* out) {
+template <typename T>
+void part_any(const float* q, int G, int d, const T* keys, const T* values, int cached, const T* key, const T* value,
+              int t0, int t1, float scale, float* scores, float* out) {
     const int n = t1 - t0;
     for (int g = 0; g < G; ++g) {
         float* s = scores + (size_t)g * n;
         float top = -INFINITY;
         for (int t = t0; t < t1; ++t) {
-            const float* kt = t < cached ? keys + (size_t)t * d : key;
+            const T* kt = t < cached ? keys + (size_t)t * d : key;
             float dotp = 0.f;
-            for (int i = 0; i < d; ++i) dotp += q[g * d + i] * kt[i];
+            for (int i = 0; i < d; ++i) dotp += q[g * d + i] * (float)kt[i];
             s[t - t0] = dotp * scale;
             top = std::max(top, s[t - t0]);
         }
@@ -90,9 +91,9 @@ inline void part_any(const float* q, int G, int d, const float* keys, const floa
         for (int i = 0; i < d; ++i) dst[i] = 0.f;
         for (int t = t0; t < t1; ++t) {
             const float p = std::exp(s[t - t0] - top);
-            const float* vt = t < cached ? values + (size_t)t * d : value;
+            const T* vt = t < cached ? values + (size_t)t * d : value;
             total += p;
-            for (int i = 0; i < d; ++i) dst[i] += p * vt[i];
+            for (int i = 0; i < d; ++i) dst[i] += p * (float)vt[i];
         }
         dst[d] = top;
         dst[d + 1] = total;
@@ -100,8 +101,8 @@ inline void part_any(const float* q, int G, int d, const float* keys, const floa
 }
 
 // Heads per kv head with a compiled kernel (G x head_dim accumulators stay in registers).
-template <int C>
-bool part_g(int G, const float* q, const float* keys, const float* values, int cached, const float* key, const float* value,
+template <int C, typename T>
+bool part_g(int G, const float* q, const T* keys, const T* values, int cached, const T* key, const T* value,
             int t0, int t1, float scale, float* scores, float* out) {
     switch (G) {
         case 1: part<C, 1>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
@@ -113,8 +114,9 @@ bool part_g(int G, const float* q, const float* keys, const float* values, int c
     }
 }
 
-inline void partial(const float* q, int G, int d, const float* keys, const float* values, int cached, const float* key,
-                    const float* value, int t0, int t1, float* scores, float* out) {
+template <typename T>
+void partial(const float* q, int G, int d, const T* keys, const T* values, int cached, const T* key, const T* value,
+             int t0, int t1, float* scores, float* out) {
     const float scale = 1.f / std::sqrt((float)d);
     bool done = false;
     if (d == 64) done = part_g<4>(G, q, keys, values, cached, key, value, t0, t1, scale, scores, out);

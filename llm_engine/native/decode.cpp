@@ -1,5 +1,6 @@
 // One decode step of a Llama-family model on CPU, compiled: one token per row, float32 activations,
-// weights as the Python layers hold them (float32, int8 per channel, int4 group-wise with minimums).
+// weights as the Python layers hold them (float32, int8 per channel, int4 group-wise with minimums), a
+// KV cache of float32 or float16.
 //
 // Why it exists: in eager PyTorch a batch-1 step on a small model is ~40 tiny ops per layer, and their
 // dispatch costs more than the arithmetic. Here the whole step is one call and one OpenMP parallel region
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -66,14 +68,52 @@ void rope(const float* x, const float* cos, const float* sin, int d, float* out)
 struct Own {
     std::vector<float> h;       // [rows, widest]: normed x, or the SwiGLU output
     std::vector<float> q, kv;   // [rows, heads, d] rotated queries; [rows, 2, kv_heads, d] rotated keys, values
+    std::vector<vec16::half> kv_half;  // kv rounded to a half-precision cache's element
     std::vector<float> att;     // [rows, heads, d]: the attention, merged from every thread's part
     std::vector<float> scores;  // [heads per kv head, max_seq]
     matvec::Input in;
 
     Own(const PModel& m, int rows, int widest, bool dot)
         : h((size_t)rows * widest), q((size_t)rows * m.n_heads * m.head_dim), kv((size_t)rows * 2 * m.n_kv * m.head_dim),
-          att((size_t)rows * m.n_heads * m.head_dim), scores((size_t)(m.n_heads / m.n_kv) * m.max_seq), in(rows, widest, dot) {}
+          kv_half(m.kv_half ? kv.size() : 0), att((size_t)rows * m.n_heads * m.head_dim),
+          scores((size_t)(m.n_heads / m.n_kv) * m.max_seq), in(rows, widest, dot) {}
 };
+
+// Layer l's attention with a cache of element type T: one thread stores this step's keys and values;
+// then each thread takes its share of every row's positions for every head. The positions before a
+// row's own come from the cache (written in earlier steps), its own from `own`, in the cache's
+// precision, so a step sees the same key whether it was just computed or read back later.
+template <typename T>
+void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t* slots, Own& own, float* parts, int me,
+            int nt) {
+    const int d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, state = attention::state_size(d);
+    const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
+    const T* mine;
+    if constexpr (std::is_same_v<T, float>) {
+        mine = own.kv.data();
+    } else {
+        for (size_t i = 0; i < own.kv.size(); ++i) own.kv_half[i] = (T)own.kv[i];
+        mine = own.kv_half.data();
+    }
+    T *k_cache = static_cast<T*>(m.k_cache), *v_cache = static_cast<T*>(m.v_cache);
+#pragma omp master
+    for (int b = 0; b < rows; ++b)
+        for (int head = 0; head < hkv; ++head) {
+            const size_t at = l * layer_stride + slots[b] * slot_stride + ((size_t)head * m.max_seq + pos[b]) * d;
+            std::memcpy(k_cache + at, mine + ((size_t)b * 2 * hkv + head) * d, sizeof(T) * d);
+            std::memcpy(v_cache + at, mine + ((size_t)b * 2 * hkv + hkv + head) * d, sizeof(T) * d);
+        }
+    for (int b = 0; b < rows; ++b) {
+        const int len = (int)pos[b] + 1, t0 = (int)((int64_t)len * me / nt), t1 = (int)((int64_t)len * (me + 1) / nt);
+        const T* kv = mine + (size_t)b * 2 * hkv * d;
+        for (int kvh = 0; kvh < hkv; ++kvh) {
+            const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
+            attention::partial(&own.q[((size_t)b * hq + kvh * per_kv) * d], per_kv, d, k_cache + base, v_cache + base,
+                               (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d, t0, t1, own.scores.data(),
+                               &parts[(((size_t)me * rows + b) * hq + kvh * per_kv) * state]);
+        }
+    }
+}
 
 }  // namespace
 
@@ -90,13 +130,12 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
         if (pos[b] < 0 || pos[b] >= m.max_seq) return 3;
         if (slots[b] < 0 || slots[b] >= m.n_slots) return 4;
     }
-    const int hidden = m.hidden, d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, inter = m.inter;
+    const int hidden = m.hidden, d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, inter = m.inter;
     const int qkv_width = (hq + 2 * hkv) * d, widest = std::max(std::max(hidden, hq * d), inter);
     // Shared: the residual stream and the outputs the team writes together.
     std::vector<float> x((size_t)rows * hidden), qkv((size_t)rows * qkv_width), gu((size_t)rows * 2 * inter);
     const int team = std::min(std::max((int)threads, 1), 64), state = attention::state_size(d);  // merge() takes <= 64 parts
     std::vector<float> parts((size_t)team * rows * hq * state);  // [thread, row, head, state]
-    const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
     for (int b = 0; b < rows; ++b) std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
 
 #pragma omp parallel num_threads(team)
@@ -122,25 +161,10 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 for (int head = 0; head < hkv; ++head) rope(src + (hq + head) * d, cos, sin, d, kv + head * d);
                 std::memcpy(kv + hkv * d, src + (hq + hkv) * d, sizeof(float) * hkv * d);
             }
-#pragma omp master
-            for (int b = 0; b < rows; ++b)
-                for (int head = 0; head < hkv; ++head) {
-                    const size_t at = l * layer_stride + slots[b] * slot_stride + ((size_t)head * m.max_seq + pos[b]) * d;
-                    std::memcpy(m.k_cache + at, &own.kv[((size_t)b * 2 * hkv + head) * d], sizeof(float) * d);
-                    std::memcpy(m.v_cache + at, &own.kv[((size_t)b * 2 * hkv + hkv + head) * d], sizeof(float) * d);
-                }
-            // Attention: each thread takes its share of every row's positions for every head; the positions
-            // before a row's own come from the cache (written in earlier steps), its own from `own.kv`.
-            for (int b = 0; b < rows; ++b) {
-                const int len = (int)pos[b] + 1, t0 = (int)((int64_t)len * me / nt), t1 = (int)((int64_t)len * (me + 1) / nt);
-                const float* kv = &own.kv[(size_t)b * 2 * hkv * d];
-                for (int kvh = 0; kvh < hkv; ++kvh) {
-                    const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
-                    attention::partial(&own.q[((size_t)b * hq + kvh * per_kv) * d], per_kv, d, m.k_cache + base, m.v_cache + base,
-                                       (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d, t0, t1, own.scores.data(),
-                                       &parts[(((size_t)me * rows + b) * hq + kvh * per_kv) * state]);
-                }
-            }
+            if (m.kv_half)
+                attend<vec16::half>(m, l, rows, pos, slots, own, parts.data(), me, nt);
+            else
+                attend<float>(m, l, rows, pos, slots, own, parts.data(), me, nt);
 #pragma omp barrier
             for (int i = 0; i < rows * hq; ++i) {
                 const float* mine[64];

@@ -40,7 +40,7 @@ class PModel(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_int32) for name in (
             "n_layers", "hidden", "n_heads", "n_kv", "head_dim", "inter", "vocab", "max_seq", "n_slots", "max_rows",
-            "int4_dot")),
+            "int4_dot", "kv_half")),
         ("eps", ctypes.c_float), ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", PLinear),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p), ("layers", ctypes.POINTER(PLayer)),
@@ -54,8 +54,10 @@ def unsupported(model: Transformer, cache: StaticKVCache) -> str | None:
     """Why the compiled step cannot run this model and cache, or None if it can."""
     if cache.k.device.type != "cpu":
         return "the model is not on the CPU"
-    if cache.k.dtype != torch.float32 or next(model.parameters()).dtype != torch.float32:
+    if next(model.parameters()).dtype != torch.float32:
         return "it computes in float32 only"
+    if cache.k.dtype not in (torch.float32, torch.float16):
+        return f"it keeps keys and values in float32 or float16, not {cache.k.dtype}"
     if any(b.self_attn.qkv_proj is None or b.mlp.gate_up_proj is None for b in model.layers):
         return "projections are not fused (llm_engine.fuse.fuse_projections)"
     if model.cfg.head_dim % 2:
@@ -154,7 +156,8 @@ class NativeDecoder:
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, int(self.int8_dot), cfg.rms_norm_eps,
+            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, int(self.int8_dot),
+            int(cache.k.dtype == torch.float16), cfg.rms_norm_eps,
             _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
             _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
             cache.k.data_ptr(), cache.v.data_ptr(), layers,

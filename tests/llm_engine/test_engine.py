@@ -207,17 +207,24 @@ def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_rep
 
     with pytest.raises(ValueError, match="quant"):
         Engine.from_path(smol_path, quant="int3")
-    quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4")
+    with pytest.raises(ValueError, match="kv cache dtype"):
+        Engine.from_path(smol_path, kv_cache="int8")
+    assert smol_engine.cache.k.dtype == torch.float16  # the CPU default for a float32 model
+    # float32 caches on both sides: this prompt's first token is a near-tie ("There" over "The" by 0.014
+    # in the int4 logits under torch's bfloat16 kernels), which a float16 cache's rounding can flip.
+    quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4", kv_cache="float32")
+    full = Engine(smol_engine.model, smol_engine.tokenizer, max_seq_len=256, max_slots=1, kv_dtype=torch.float32)
     layers = [m for m in quantized.model.modules() if isinstance(m, Int4WeightOnlyLinear)]
     # Every projection, none left in float; fused per block into qkv, o, gate_up and down.
     assert len(layers) == 4 * quantized.model.cfg.num_layers
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized.model.modules())
     quantized.start()
+    full.start()
     try:
         msgs = [SYSTEM, ChatMessage("user", "Name three colours.")]
         ids, _, fin = ask(quantized, "q", msgs, 12)
+        # Q4_1 with group 32 is our int4 layout: the same weights as the float model's dequantized ones.
+        assert ids == ask(full, "q-float", msgs, 12)[0] and len(ids) >= 3
     finally:
         quantized.stop()
-    # Q4_1 with group 32 is our int4 layout: the same weights as the float model's dequantized ones.
-    assert ids == ask(smol_engine, "q-float", msgs, 12)[0] and len(ids) >= 3
-    smol_engine.release("q-float")
+        full.stop()

@@ -7,6 +7,9 @@ keys and values into the cache.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -43,9 +46,9 @@ def tiny(
     return fuse_projections(model)
 
 
-def cache_for(model: Transformer, slots: int = 3) -> StaticKVCache:
+def cache_for(model: Transformer, slots: int = 3, dtype: torch.dtype = torch.float32) -> StaticKVCache:
     c = model.cfg
-    return StaticKVCache(c.num_layers, slots, c.num_kv_heads, SEQ, c.head_dim)
+    return StaticKVCache(c.num_layers, slots, c.num_kv_heads, SEQ, c.head_dim, dtype=dtype)
 
 
 def prefill(model: Transformer, caches: list[StaticKVCache], slot: int, tokens: list[int]) -> None:
@@ -96,6 +99,34 @@ def test_batched_steps_match_the_float_forward(
 
 
 @pytest.mark.parametrize("int8_dot", INT8_DOT)
+@pytest.mark.parametrize("scheme,head_dim", [("none", 64), ("int8", 32), ("int4", 64)])
+def test_a_float16_cache_matches_the_float_forward_on_the_same_cache(scheme: str, head_dim: int, int8_dot: bool) -> None:
+    """Keys and values stored as float16 (the CPU default): the compiled step reads and writes them as the
+    PyTorch forward does, rounding this step's own key to the cache's precision before attending to it."""
+    model = tiny(scheme, bias=True, head_dim=head_dim)
+    ref_cache, cache = cache_for(model, dtype=torch.float16), cache_for(model, dtype=torch.float16)
+    full = cache_for(model)  # float32, for the size of the error a half cache brings
+    decoder = NativeDecoder(model, cache, int8_dot=int8_dot)
+    prefill(model, [ref_cache, cache, full], 0, [(5 * i + 2) % 300 for i in range(40)])
+    prefill(model, [ref_cache, cache, full], 1, [77])
+    tokens, positions, slots = [42, 9], [40, 1], [0, 1]
+    # A float32 key ~1e-7 off the reference's can round to the neighbouring float16 (measured up to 7e-5
+    # in the logits on plain x86-64); leaving this step's own key unrounded moves them by ~1e-3.
+    tol = 2e-3 if int8_dot and scheme == "int4" else 2e-4
+    for _ in range(3):
+        want = reference_step(model, ref_cache, tokens, positions, slots)
+        assert relative_error(decoder.decode(tokens, positions, slots), want) < tol
+        assert relative_error(reference_step(model, full, tokens, positions, slots), want) < 1e-2
+        tokens, positions = [int(t) for t in want.argmax(-1)], [p + 1 for p in positions]
+    # The float32 keys differ from the reference's by ~1e-7, which can move a float16 rounding by one step.
+    for slot, length in ((0, 43), (1, 4)):
+        for ours, theirs in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+            assert ours.dtype == torch.float16
+            assert relative_error(ours[:, slot, :, :length].float(), theirs[:, slot, :, :length].float()) < 2e-3
+    assert cache.k[:, 2].abs().max() == 0
+
+
+@pytest.mark.parametrize("int8_dot", INT8_DOT)
 def test_a_row_in_a_batch_gets_what_it_gets_alone(int8_dot: bool) -> None:
     model = tiny("int4")
     together, alone = cache_for(model), cache_for(model)
@@ -134,6 +165,8 @@ def test_models_it_cannot_run_say_why() -> None:
     assert "not fused" in (unsupported(unfused, cache_for(unfused)) or "")
     half = tiny("none").to(torch.bfloat16)
     assert "float32" in (unsupported(half, cache_for(half)) or "")
+    model = tiny("none")
+    assert "bfloat16" in (unsupported(model, cache_for(model, dtype=torch.bfloat16)) or "")
     with pytest.raises(ValueError, match="not fused"):
         NativeDecoder(unfused, cache_for(unfused))
     decoder, line = native_decoder(unfused, cache_for(unfused), required=False)
@@ -195,16 +228,26 @@ def smol_int4(smol_path):
     return engine.model, engine.tokenizer
 
 
+@contextmanager
+def exact_float(model: Transformer) -> Iterator[None]:
+    """The model's quantized layers dequantize and multiply in float32 (no bfloat16 kernels) inside."""
+    layers = [m for m in model.modules() if isinstance(m, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))]
+    for m in layers:
+        m.use_kernel = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.use_kernel = True
+
+
 @pytest.mark.parametrize("int8_dot", INT8_DOT)
 def test_embedded_int4_greedy_is_the_float_forwards(smol_int4, int8_dot: bool) -> None:
     """SmolLM2's own Q4_1 weights: the compiled step's greedy reply is the exact float32 forward's."""
     from llm_engine.request import ChatMessage
 
     model, tokenizer = smol_int4
-    quant_layers = [m for m in model.modules() if isinstance(m, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))]
-    for m in quant_layers:
-        m.use_kernel = False
-    try:
+    with exact_float(model):
         for question in ("What is the capital of France?", "How do I boil an egg?"):
             prompt = tokenizer.apply_chat_template([ChatMessage("user", question)])
             n = len(prompt)
@@ -219,22 +262,45 @@ def test_embedded_int4_greedy_is_the_float_forwards(smol_int4, int8_dot: bool) -
                 ours, theirs = int(got.argmax()), int(want.argmax())
                 assert ours == theirs, f"{question!r}: step {i} differs"
             assert worst < (0.05 if int8_dot else 1e-3)
-    finally:
-        for m in quant_layers:
-            m.use_kernel = True
 
 
-def cache_for_smol(model: Transformer) -> StaticKVCache:
+def cache_for_smol(model: Transformer, dtype: torch.dtype = torch.float32) -> StaticKVCache:
     c = model.cfg
-    return StaticKVCache(c.num_layers, 1, c.num_kv_heads, 256, c.head_dim)
+    return StaticKVCache(c.num_layers, 1, c.num_kv_heads, 256, c.head_dim, dtype=dtype)
+
+
+def test_embedded_float16_cache_keeps_the_greedy_reply(smol_int4) -> None:
+    """The CPU default keeps keys and values in float16: on SmolLM2 (exact float32 math otherwise) that
+    moves logits by a few hundredths (measured <= 0.033 over 48 tokens of three prompts) and no greedy
+    token; the compiled step on that cache matches the PyTorch forward on it."""
+    from llm_engine.request import ChatMessage
+
+    model, tokenizer = smol_int4
+    with exact_float(model):
+        for question in ("What is the capital of France?", "Tell me a story about a dragon."):
+            prompt = tokenizer.apply_chat_template([ChatMessage("user", question)])
+            n = len(prompt)
+            full, half, compiled = cache_for_smol(model), cache_for_smol(model, torch.float16), cache_for_smol(model, torch.float16)
+            prefill(model, [full, half, compiled], 0, prompt[:-1])
+            decoder = NativeDecoder(model, compiled)
+            token, half_error, compiled_error = prompt[-1], 0.0, 0.0
+            for i in range(24):
+                want = reference_step(model, full, [token], [n - 1 + i], [0])[0]
+                got_half = reference_step(model, half, [token], [n - 1 + i], [0])[0]
+                got_compiled = decoder.decode([token], [n - 1 + i], [0])[0]
+                half_error = max(half_error, float((got_half - want).abs().max()))
+                compiled_error = max(compiled_error, float((got_compiled - got_half).abs().max()))
+                token = int(want.argmax())
+                assert int(got_half.argmax()) == token == int(got_compiled.argmax()), f"{question!r}: step {i} differs"
+            assert half_error < 0.1 and compiled_error < 0.05, (half_error, compiled_error)
 
 
 def test_engine_says_which_decode_path_it_took(smol_int4) -> None:
     from llm_engine.engine import Engine
 
     model, tokenizer = smol_int4
-    on = Engine(model, tokenizer, max_seq_len=128, max_slots=1)
-    assert on.native is not None and on.decode_path.startswith("compiled CPU step")
+    on = Engine(model, tokenizer, max_seq_len=128, max_slots=1, kv_dtype=torch.float16)
+    assert on.native is not None and on.decode_path.startswith("compiled CPU step") and on.cache.k.dtype == torch.float16
     off = Engine(model, tokenizer, max_seq_len=128, max_slots=1, native="off")
     assert off.native is None and off.decode_path == "torch"
     with pytest.raises(ValueError, match="native must be"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len
+from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len, resolve_kv_dtype
 from llm_engine.scheduler import BatchScheduler, StepPlan
 
 
@@ -93,3 +93,24 @@ def test_cache_write_read_per_slot_and_position():
     cache.write(0, [0, 1], torch.tensor([[3], [6]]), kb, kb)
     keys, _ = cache.read(0, [0, 1], 7)
     assert keys[0, :, 3].eq(1).all() and keys[1, :, 6].eq(2).all() and keys.sum() == 2 * 4 * (1 + 2)
+
+
+def test_a_float16_cache_stores_a_float32_models_keys_rounded():
+    cache = StaticKVCache(num_layers=1, num_slots=3, num_kv_heads=2, max_seq_len=8, head_dim=4, dtype=torch.float16)
+    k = torch.randn(2, 2, 1, 4) / 3  # values float16 cannot hold exactly
+    cache.write(0, [0, 2], torch.tensor([[3], [5]]), k, -k)  # the batched (index_put) path
+    cache.write(0, [1], torch.tensor([[1, 2]]), k[:1].expand(1, 2, 2, 4), k[:1].expand(1, 2, 2, 4))  # the slice path
+    keys, values = cache.read(0, [0, 2], 6)
+    assert keys.dtype == torch.float16
+    assert torch.equal(keys[0, :, 3], k[0, :, 0].half()) and torch.equal(values[1, :, 5], -k[1, :, 0].half())
+    assert torch.equal(cache.k[0, 1, :, 2], k[0, :, 0].half())
+
+
+def test_kv_dtype_auto_halves_only_a_float32_model_on_cpu():
+    assert resolve_kv_dtype("auto", torch.float32, "cpu") == torch.float16
+    assert resolve_kv_dtype("auto", torch.float32, "cuda") == torch.float32
+    assert resolve_kv_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
+    assert resolve_kv_dtype("float32", torch.float32, "cpu") == torch.float32
+    assert resolve_kv_dtype("bfloat16", torch.float32, "cuda") == torch.bfloat16
+    with pytest.raises(ValueError, match="kv cache dtype"):
+        resolve_kv_dtype("int8", torch.float32, "cpu")
