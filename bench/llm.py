@@ -3,7 +3,9 @@
 Rows: our engine at none (fp32) / int8 / int4, each with decode steps in torch eager, through the compiled
 CPU step (llm_engine/native), and with speculation (int4 self-draft, torch); continuous batching at 1/4/8
 concurrent requests (aggregate tokens/s through the threaded Engine, compiled step and torch); transformers
-`generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF.
+`generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF. Our rows keep keys and
+values in float16, as the engine does on CPU by default (llama.cpp's default too; transformers: float32).
+Then decode speed with 40..2000 cached positions, ours with a float32 and a float16 cache, and llama.cpp.
 Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
 to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
 Usage: HF_HUB_OFFLINE=1 .venv/bin/python bench/llm.py [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
@@ -24,8 +26,9 @@ from llm_batch import aggregate_throughput  # noqa: E402
 from llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
     llm_path,
-    run_llama_cpp,
+    llama_cpp_rate_at,
     native_rate_at,
+    run_llama_cpp,
     run_plain,
     run_speculative,
     run_transformers,
@@ -91,15 +94,22 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     return rows, reference
 
 
-def context_table(path: Path, positions: list[int]) -> None:
-    """The default path (int4, compiled step) decoding with longer conversations behind it."""
+def context_table(path: Path, positions: list[int], text: list[int], llama_cpp: bool) -> None:
+    """The default path (int4, compiled step) decoding with longer conversations behind it, with a float32
+    and a float16 KV cache, beside llama.cpp after prompts of those lengths."""
     model, _ = load_model(path, max_seq_len=max(positions) + 1)
     gguf = read_quantized_linears(path, "int4") if path.suffix == ".gguf" else {}
     model = fuse_projections(quantize_model(model, "int4", replacements=gguf))
-    rates = native_rate_at(model, positions)
-    print("\nint4, compiled step, one request: decode tokens/s with this many cached positions")
-    print("".join(f"{p:>10d}" for p in positions))
-    print("".join(f"{r:10.1f}" for r in rates))
+    print("\nOne request, decode tokens/s with this many cached positions (int4; ours at a fixed position, best of three"
+          " 32-step runs; llama.cpp: 32 tokens after a prompt of that length, best of two)")
+    print(f"{'':44s}" + "".join(f"{p:>10d}" for p in positions))
+    for name, dtype in (("ours, compiled step, float32 KV cache", torch.float32),
+                        ("ours, compiled step, float16 KV cache (default)", torch.float16)):  # fmt: skip
+        print(f"{name:44s}" + "".join(f"{r:10.1f}" for r in native_rate_at(model, positions, dtype)), flush=True)
+    if llama_cpp:
+        found = llama_cpp_rate_at(path, text, positions)
+        rates = found if isinstance(found, str) else "".join(f"{r:10.1f}" for r in found)
+        print(f"{'llama.cpp (same GGUF, float16 KV cache)':44s}{rates}")
 
 
 def batching_rows(path: Path, quant: str, native: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
@@ -172,7 +182,7 @@ def main() -> None:
     else:
         rows.append(show(Row("llama.cpp (llama-cpp-python, same GGUF)", lc[0], lc[1], "-", None, lc[1])))
         baselines["llama.cpp"] = lc[1]
-    on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")])
+    on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")], prompt, not args.skip_llama_cpp)
     if baselines:
         print("\nRatios of decode tokens/s (the same run, the same cores):")
         print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))

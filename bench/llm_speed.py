@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from llm_engine.kv_cache import StaticKVCache  # noqa: E402
+from llm_engine.kv_cache import StaticKVCache, resolve_kv_dtype  # noqa: E402
 from llm_engine.model import Transformer  # noqa: E402
 from llm_engine.request import SamplingParams  # noqa: E402
 from llm_engine.speculative import SpeculativeDecoder, draft_cache_like  # noqa: E402
@@ -43,8 +43,10 @@ def copy_bandwidth_gb_s(mib: int = 512, repeats: int = 5) -> float:
 
 
 def cache_for(model: Transformer) -> StaticKVCache:
+    """A one-slot cache of the element type the engine would give this model (float16 on CPU)."""
     c = model.cfg
-    return StaticKVCache(c.num_layers, 1, c.num_kv_heads, MAX_SEQ, c.head_dim)
+    dtype = resolve_kv_dtype("auto", next(model.parameters()).dtype, "cpu")
+    return StaticKVCache(c.num_layers, 1, c.num_kv_heads, MAX_SEQ, c.head_dim, dtype=dtype)
 
 
 @torch.inference_mode()
@@ -72,13 +74,13 @@ def run_plain(model: Transformer, prompt: list[int], n: int, *, compiled: bool =
 
 
 @torch.inference_mode()
-def native_rate_at(model: Transformer, positions: list[int], steps: int = 32) -> list[float]:
+def native_rate_at(model: Transformer, positions: list[int], kv_dtype: torch.dtype, steps: int = 32) -> list[float]:
     """Compiled-step tokens/s with this many cached positions (best of three runs of `steps` steps at that
     position: the cache contents do not change the work, only its length does)."""
     from llm_engine.native.decoder import NativeDecoder
 
     c = model.cfg
-    cache = StaticKVCache(c.num_layers, 1, c.num_kv_heads, max(positions) + 1, c.head_dim)
+    cache = StaticKVCache(c.num_layers, 1, c.num_kv_heads, max(positions) + 1, c.head_dim, dtype=kv_dtype)
     native = NativeDecoder(model, cache)
     rates = []
     for pos in positions:
@@ -129,30 +131,34 @@ def run_transformers(folder: Path, prompt: list[int], n: int) -> tuple[float, fl
 _LLAMA_CHILD = """
 import json, sys, time
 from llama_cpp import Llama
-gguf, n, threads, n_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-prompt = json.loads(sys.stdin.read())
-llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_batch=n_batch, n_ubatch=n_batch, verbose=False)
-llm.create_completion(prompt, max_tokens=1, temperature=0.0)  # warm-up
+gguf, n, threads, n_batch, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+prompts = json.loads(sys.stdin.read())
+llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, n_ubatch=n_batch, verbose=False)
+llm.create_completion(prompts[0][:8], max_tokens=1, temperature=0.0)  # warm-up
 no_eos = {llm.token_eos(): -1e9}  # decode exactly n tokens, as the other rows do
-runs = []
-for _ in range(2):  # the better of two, as for our rows: the less disturbed run
-    llm.reset()  # forget the cached prompt so the timed run prefills it like ours does
-    t0 = time.perf_counter()
-    first, count = None, 0
-    for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True, logit_bias=no_eos):
-        count += 1
-        if first is None:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    runs.append([1000 * (first - t0), (count - 1) / max(end - first, 1e-9)])
-print(json.dumps(max(runs, key=lambda r: r[1])))
+best = []
+for prompt in prompts:
+    runs = []
+    for _ in range(2):  # the better of two, as for our rows: the less disturbed run
+        llm.reset()  # forget the cached prompt so the timed run prefills it like ours does
+        t0 = time.perf_counter()
+        first, count = None, 0
+        for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True, logit_bias=no_eos):
+            count += 1
+            if first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        runs.append([1000 * (first - t0), (count - 1) / max(end - first, 1e-9)])
+    best.append(max(runs, key=lambda r: r[1]))
+print(json.dumps(best))
 """
 
 
-def run_llama_cpp(gguf: Path, prompt: list[int], n: int) -> tuple[float | None, float] | str:
-    """-> (ttft_ms or None, tok/s), or why there is no row. Runs in a child process: on this VM the
-    natively built llama.cpp crashes (SIGSEGV) in its batched prompt kernels, which would take the
-    whole benchmark down; then it is retried with one-token batches, whose TTFT is not comparable."""
+def _llama_cpp(gguf: Path, prompts: list[list[int]], n: int) -> list[tuple[float | None, float]] | str:
+    """-> per prompt (ttft_ms or None, decode tok/s over n tokens), or why there are none. Runs in a child
+    process: on this VM the natively built llama.cpp crashes (SIGSEGV) in its batched prompt kernels,
+    which would take the whole benchmark down; then it is retried with one-token batches, whose TTFT is
+    not comparable."""
     import importlib.util
     import json
     import subprocess
@@ -160,12 +166,26 @@ def run_llama_cpp(gguf: Path, prompt: list[int], n: int) -> tuple[float | None, 
 
     if importlib.util.find_spec("llama_cpp") is None:
         return "not installed"
+    n_ctx = max(2048, max(len(p) for p in prompts) + n + 1)
     for n_batch in (512, 1):
         proc = subprocess.run(
-            [sys.executable, "-c", _LLAMA_CHILD, str(gguf), str(n), str(torch.get_num_threads()), str(n_batch)],
-            input=json.dumps(prompt), capture_output=True, text=True, timeout=600,
+            [sys.executable, "-c", _LLAMA_CHILD, str(gguf), str(n), str(torch.get_num_threads()), str(n_batch), str(n_ctx)],
+            input=json.dumps(prompts), capture_output=True, text=True, timeout=1200,
         )
         if proc.returncode == 0:
-            ttft, tps = json.loads(proc.stdout.strip().splitlines()[-1])
-            return (ttft if n_batch > 1 else None), tps
+            found = json.loads(proc.stdout.strip().splitlines()[-1])
+            return [((ttft if n_batch > 1 else None), tps) for ttft, tps in found]
     return f"failed (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"
+
+
+def run_llama_cpp(gguf: Path, prompt: list[int], n: int) -> tuple[float | None, float] | str:
+    """llama.cpp on the same GGUF and prompt: (ttft_ms or None, tok/s), or why there is no row."""
+    found = _llama_cpp(gguf, [prompt], n)
+    return found if isinstance(found, str) else found[0]
+
+
+def llama_cpp_rate_at(gguf: Path, text: list[int], positions: list[int], n: int = 32) -> list[float] | str:
+    """llama.cpp's decode tokens/s for n tokens after a prompt of each length (`text` repeated to fill it),
+    with its default float16 KV cache; or why there are none."""
+    found = _llama_cpp(gguf, [(text * (p // len(text) + 1))[:p] for p in positions], n)
+    return found if isinstance(found, str) else [tps for _, tps in found]

@@ -74,4 +74,6 @@ def test_llm_table_tiny() -> None:
     assert sum("torch:" in line and "concurrent requests" in line for line in lines) == 2  # int4 at 1 and 2
     assert any(line.startswith("llama.cpp") and "skipped" in line for line in lines)
     at = lines.index(next(line for line in lines if "cached positions" in line))
-    assert lines[at + 1].split() == ["20", "60"] and all(float(r) > 0 for r in lines[at + 2].split())
+    assert lines[at + 1].split() == ["20", "60"]
+    for row, cache in ((lines[at + 2], "float32 KV cache"), (lines[at + 3], "float16 KV cache")):
+        assert cache in row and all(float(r) > 0 for r in row.split()[-2:]), row
