@@ -128,7 +128,9 @@ def load(cfg: AppConfig) -> Runtime:
     )
     engine.start()
     times["llm"] = time.perf_counter() - t0
-    log.info("LLM decode steps: %s", engine.decode_path)
+    cache = engine.cache
+    log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
+             (cache.k.nbytes + cache.v.nbytes) // 2**20)
 
     t0 = time.perf_counter()
     voices = _voices(cfg, output_sample_rate(cfg))

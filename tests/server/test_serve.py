@@ -35,6 +35,7 @@ def test_serve_prints_the_url_once_models_are_loaded(tmp_path: Path) -> None:
             pytest.fail(f"no URL printed: {''.join(seen)}")
         url = line.split()[-1]
         assert any("models ready" in s for s in seen)
+        assert any("KV cache float16" in s for s in seen), seen  # the CPU default for the float32 model
         health = httpx.get(url + "/healthz", timeout=10).json()
         assert health["models_loaded"] is True and health["sessions"] == 0
         assert health["llm_decode"].startswith("compiled CPU step"), health  # g++ is part of the setup
