@@ -102,14 +102,14 @@ def context_table(path: Path, positions: list[int], text: list[int], llama_cpp: 
     model = fuse_projections(quantize_model(model, "int4", replacements=gguf))
     print("\nOne request, decode tokens/s with this many cached positions (int4; ours at a fixed position, best of three"
           " 32-step runs; llama.cpp: 32 tokens after a prompt of that length, best of two)")
-    print(f"{'':44s}" + "".join(f"{p:>10d}" for p in positions))
+    print(f"{'':50s}" + "".join(f"{p:>10d}" for p in positions))
     for name, dtype in (("ours, compiled step, float32 KV cache", torch.float32),
                         ("ours, compiled step, float16 KV cache (default)", torch.float16)):  # fmt: skip
-        print(f"{name:44s}" + "".join(f"{r:10.1f}" for r in native_rate_at(model, positions, dtype)), flush=True)
+        print(f"{name:50s}" + "".join(f"{r:10.1f}" for r in native_rate_at(model, positions, dtype)), flush=True)
     if llama_cpp:
         found = llama_cpp_rate_at(path, text, positions)
         rates = found if isinstance(found, str) else "".join(f"{r:10.1f}" for r in found)
-        print(f"{'llama.cpp (same GGUF, float16 KV cache)':44s}{rates}")
+        print(f"{'llama.cpp (same GGUF, float16 KV cache)':50s}{rates}")
 
 
 def batching_rows(path: Path, quant: str, native: str, new_tokens: int, sizes: tuple[int, ...]) -> list[Row]:
