@@ -55,8 +55,10 @@ class RateLimiter:
         # credit already held above it is kept until spent, so the backlog drains over the following reads
         cap = max(self.burst, min(earned, self.max_credit), self.tokens)
         self.tokens = min(self.tokens + earned, cap)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        # A gap of exactly 1/rate can earn 0.99999999... in floating point (the clock's value is large, its
+        # differences lose the low bits): a client sending at exactly the rate is not refused for that.
+        if self.tokens >= 1.0 - 1e-6:
+            self.tokens = max(0.0, self.tokens - 1.0)
             return True
         return False
 
