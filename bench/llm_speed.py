@@ -13,7 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from llm_engine.kv_cache import StaticKVCache, resolve_kv_dtype  # noqa: E402
+from llm_engine.kv_cache import StaticKVCache  # noqa: E402
+from llm_engine.prepare import resolve_kv_dtype  # noqa: E402
 from llm_engine.model import Transformer  # noqa: E402
 from llm_engine.request import SamplingParams  # noqa: E402
 from llm_engine.speculative import SpeculativeDecoder, draft_cache_like  # noqa: E402

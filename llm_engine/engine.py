@@ -18,7 +18,7 @@ import torch
 
 from llm_engine.batch import DecodeRow, StepDecoder
 from llm_engine.generation import Generation
-from llm_engine.kv_cache import SlotTable, StaticKVCache, resolve_kv_dtype
+from llm_engine.kv_cache import SlotTable, StaticKVCache
 from llm_engine.model import Transformer
 from llm_engine.request import (
     ChatMessage,
@@ -169,37 +169,17 @@ class Engine:
         quant "int8" / "int4" swaps every projection for a weight-only quantized layer. From a GGUF, Q4_1
         (int4, group 32) and Q8_0 (int8) blocks are taken as stored rather than re-rounded from floats.
         self_draft "int8" / "int4": a quantized copy of the model drafts for requests running alone.
-        kv_cache: the cache's element type, llm_engine.kv_cache.KV_DTYPES ("auto": float16 for a float32
+        kv_cache: the cache's element type, llm_engine.prepare.KV_DTYPES ("auto": float16 for a float32
         model on CPU, else the model's dtype).
         """
-        from llm_engine.loader import load_model, resolve_dtype
-        from llm_engine.quantize import SCHEMES, quantize_model
+        from llm_engine.prepare import prepare
 
-        if quant not in SCHEMES:
-            raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
-        cache_dtype = resolve_kv_dtype(kv_cache, resolve_dtype(dtype), device)
         t0 = time.perf_counter()
-        model, folder = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device)
-        if quant != "none":
-            replacements = {}
-            if Path(path).suffix == ".gguf" and (quant == "int8" or group_size == 32):
-                from llm_engine.gguf_quant import read_quantized_linears
-
-                replacements = read_quantized_linears(path, quant)  # type: ignore[arg-type]
-            quantize_model(model, quant, group_size=group_size, replacements=replacements)  # type: ignore[arg-type]
-        draft = None
-        if self_draft != "none":
-            from llm_engine.speculative import make_self_draft
-
-            draft = make_self_draft(model, scheme=self_draft, group_size=group_size)  # type: ignore[arg-type]
-        from llm_engine.fuse import fuse_projections
-
-        for m in (model, draft):
-            if m is not None:
-                fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
+        p = prepare(path, device=device, dtype=dtype, max_seq_len=max_seq_len, quant=quant, group_size=group_size,
+                    self_draft=self_draft, kv_cache=kv_cache)  # fmt: skip
         engine = cls(
-            model, Tokenizer.from_folder(folder), max_slots=max_slots, max_seq_len=max_seq_len, draft=draft,
-            cuda_graphs=cuda_graphs, native=native, kv_dtype=cache_dtype,
+            p.model, p.tokenizer, max_slots=max_slots, max_seq_len=max_seq_len, draft=p.draft,
+            cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype,
         )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine

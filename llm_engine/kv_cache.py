@@ -58,20 +58,6 @@ class StaticKVCache:
         return self.k[layer, idx, :, :kv_len], self.v[layer, idx, :, :kv_len]
 
 
-KV_DTYPES = ("auto", "float32", "float16", "bfloat16")
-
-
-def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
-    """The cache's element type for a config name. "auto": float16 under a float32 model on CPU (half the
-    cache's memory, and half of what each decode step of a long conversation reads; llama.cpp's default
-    too), otherwise the model's own dtype."""
-    if name not in KV_DTYPES:
-        raise ValueError(f"kv cache dtype must be one of {KV_DTYPES}, got {name!r}")
-    if name == "auto":
-        return torch.float16 if torch.device(device).type == "cpu" and model_dtype == torch.float32 else model_dtype
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 @dataclass
 class SlotState:
     session_id: str | None = None

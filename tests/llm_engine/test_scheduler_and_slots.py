@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len, resolve_kv_dtype
+from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len
+from llm_engine.prepare import resolve_kv_dtype
 from llm_engine.scheduler import BatchScheduler, StepPlan
 
 

@@ -1,0 +1,74 @@
+"""From a model file and the config's names to what an Engine runs: the model loaded, quantized and fused,
+an optional quantized self-draft, its tokenizer, and the KV cache's element type.
+
+It checks the dtype, quantization and cache names before loading anything, so those fail at once. It
+knows loaders and layer rewrites; it knows nothing about requests, slots or threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llm_engine.loader import DTYPES, load_model, resolve_dtype
+from llm_engine.model import Transformer
+from llm_engine.tokenizer import Tokenizer
+
+KV_DTYPES = ("auto", *DTYPES)
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The cache's element type for a config name. "auto": float16 under a float32 model on CPU (half the
+    cache's memory, and half of what each decode step of a long conversation reads; llama.cpp's default
+    too), otherwise the model's own dtype."""
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv cache dtype must be one of {KV_DTYPES}, got {name!r}")
+    if name == "auto":
+        return torch.float16 if torch.device(device).type == "cpu" and model_dtype == torch.float32 else model_dtype
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    model: Transformer
+    tokenizer: Tokenizer
+    draft: Transformer | None
+    kv_dtype: torch.dtype
+
+
+def prepare(
+    path: str | Path,
+    *,
+    device: str,
+    dtype: str,
+    max_seq_len: int,
+    quant: str,
+    group_size: int,
+    self_draft: str,
+    kv_cache: str,
+) -> Prepared:
+    """A Hugging Face folder or a .gguf file (converted once into the user cache dir), see Engine.from_path."""
+    from llm_engine.fuse import fuse_projections
+    from llm_engine.quantize import SCHEMES, quantize_model
+
+    if quant not in SCHEMES:
+        raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
+    kv_dtype = resolve_kv_dtype(kv_cache, resolve_dtype(dtype), device)
+    model, folder = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device)
+    if quant != "none":
+        replacements = {}
+        if Path(path).suffix == ".gguf" and (quant == "int8" or group_size == 32):
+            from llm_engine.gguf_quant import read_quantized_linears
+
+            replacements = read_quantized_linears(path, quant)  # type: ignore[arg-type]
+        quantize_model(model, quant, group_size=group_size, replacements=replacements)  # type: ignore[arg-type]
+    draft = None
+    if self_draft != "none":
+        from llm_engine.speculative import make_self_draft
+
+        draft = make_self_draft(model, scheme=self_draft, group_size=group_size)  # type: ignore[arg-type]
+    for m in (model, draft):
+        if m is not None:
+            fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
+    return Prepared(model, Tokenizer.from_folder(folder), draft, kv_dtype)
