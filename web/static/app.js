@@ -41,7 +41,7 @@ let lastMarkAt = 0;
 const stats = {
   framesSent: 0, voicedFramesSent: 0, micRms: 0,
   playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
-  firstPlayed: {}, micToEar: {}, turnAudio: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
+  firstPlayed: {}, micToEar: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
 };
 window.parleyStats = stats;
 window.parley = { conn, player, latency, stats, turn: (id) => turns.get(id) };
@@ -200,6 +200,7 @@ conn.addEventListener("audio", (ev) => {
   if (cancelled.has(turnId)) return;
   const t = turn(turnId);
   if (!t.typed && t.voiceEndAt === null && !t.text) awaiting = false; // e.g. a greeting
+  stats.receivedS[turnId] = (stats.receivedS[turnId] ?? 0) + player.samplesToMs(pcm.length) / 1000;
   player.push(turnId, pcm);
 });
 
