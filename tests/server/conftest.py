@@ -52,3 +52,17 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     yield LiveServer(cfg, app.state.parley, runtime, port, root / "traces.jsonl")
     server.should_exit = True
     thread.join(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _live_server_idle(request: pytest.FixtureRequest) -> None:
+    """Each test on the shared server starts with every slot free. A closed client's slot is held until
+    the server has finished that session (usually milliseconds; one full CI run under load saw four held
+    at once, and the next test's handshake was refused with 1013 server_full)."""
+    if "live_server" not in request.fixturenames:
+        return
+    server: LiveServer = request.getfixturevalue("live_server")
+    deadline = time.monotonic() + 60
+    while server.state.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.state.connections == 0, f"{server.state.connections} connections still open 60 s after their tests"
