@@ -34,6 +34,7 @@ from llm_engine.scheduler import BatchScheduler, StepPlan
 from llm_engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported lazily at run time: most engines do not speculate
+    from llm_engine.native.decoder import NativeDecoder
     from llm_engine.solo_speculation import SoloSpeculation
 
 __all__ = [
@@ -134,7 +135,6 @@ class Engine:
             decoder = SpeculativeDecoder(model, draft, self.cache, draft_cache_like(draft, self.cache), k=draft_k)
             self.speculation = SoloSpeculation(decoder)
         self.stepper = StepDecoder(model, self.cache, max_slots=max_slots, cuda_graphs=cuda_graphs, native=native)
-        self.native = self.stepper.native
         self.decode_path = self.stepper.path
         if self.speculation is not None:
             self.decode_path += "; a request running alone speculates (torch)"
@@ -205,6 +205,11 @@ class Engine:
         gen = Generation(req, self.tokenizer, time.perf_counter(), self.device)
         self._inbox.put(_Job(next(self._ids), req, stream, on_event, gen))
         return stream
+
+    @property
+    def native(self) -> "NativeDecoder | None":
+        """The compiled CPU decode step, when decode steps take it."""
+        return self.stepper.native
 
     def release(self, session_id: str) -> None:
         """The session ended: cancel its requests and free its slot. Never blocks (it is called from event loops).

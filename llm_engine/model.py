@@ -104,8 +104,7 @@ class Attention(nn.Module):
         q, k, v = self.project(x, cos, sin)
         cache.write(self.layer, slots, input_pos, k, v)
         keys, values = cache.read(self.layer, slots, kv_len)  # [B, Hkv, kv_len, D]
-        if keys.dtype != q.dtype:  # a float16 cache under a float32 model: attend in the model's precision
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a no-op unless a float16 cache under a float32 model
         if t == 1 and mask is None:
             # One query per row that sees every key: the G query heads sharing a kv head are just G queries
             # of that head, so plain attention over [B, Hkv, G, D] is grouped attention without the repeat.

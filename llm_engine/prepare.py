@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from llm_engine.fuse import fuse_projections
 from llm_engine.loader import DTYPES, load_model, resolve_dtype
 from llm_engine.model import Transformer
+from llm_engine.quantize import SCHEMES, quantize_model
 from llm_engine.tokenizer import Tokenizer
 
 KV_DTYPES = ("auto", *DTYPES)
@@ -49,9 +51,6 @@ def prepare(
     kv_cache: str,
 ) -> Prepared:
     """A Hugging Face folder or a .gguf file (converted once into the user cache dir), see Engine.from_path."""
-    from llm_engine.fuse import fuse_projections
-    from llm_engine.quantize import SCHEMES, quantize_model
-
     if quant not in SCHEMES:
         raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
     kv_dtype = resolve_kv_dtype(kv_cache, resolve_dtype(dtype), device)
