@@ -53,6 +53,8 @@ class Generation:
         self.pending: int | None = None  # sampled but not yet fed through the model
         self.timings = Timings()
         self.prefilled = False  # the whole prompt is in the cache and the first token was sampled
+        self.probe: tuple[int, frozenset[int]] | None = None  # (prompt index, end token ids), see probe_user_end
+        self.end_prob: float | None = None
         self._prefill_started = False
         self.finished = False
 
@@ -71,16 +73,25 @@ class Generation:
             fitted = fit_messages(self.tok, self.req.messages, cache.max_seq_len - max(reserve, 1))
             if fitted is None:
                 return self._finish("context", queue_s=t0)
-            self.prompt, _ = fitted
+            self.prompt, messages = fitted
             # Keep at least the last prompt token to run: its logits choose the first reply token.
             reused = min(common_prefix_len(state.tokens, self.prompt), len(self.prompt) - 1)
+            if self.req.probe_user_end:
+                self.probe = self.tok.user_end_probe(messages, self.prompt)
+                if self.probe is not None:  # the probed position must run through the model, not come from the cache
+                    reused = min(reused, self.probe[0])
             state.tokens = self.prompt[:reused]
             self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused)
         start = len(state.tokens)
         chunk = self.prompt[start : start + max(1, min(max_tokens, PREFILL_CHUNK))]
         tokens = torch.tensor([chunk], device=self.device)  # [1, T]
         pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
-        logits = model(tokens, pos, cache, [slot], "last", kv_len=start + len(chunk))  # [1, 1, V]
+        probe_row = self.probe[0] - start if self.probe is not None and start <= self.probe[0] < start + len(chunk) else None
+        rows: Sequence[int] | str = "last" if probe_row is None else (probe_row, len(chunk) - 1)
+        logits = model(tokens, pos, cache, [slot], rows, kv_len=start + len(chunk))  # [1, 1 or 2, V]
+        if probe_row is not None and self.probe is not None:
+            end_ids = torch.tensor(sorted(self.probe[1]), device=logits.device)
+            self.end_prob = float(torch.softmax(logits[0, 0], dim=-1)[end_ids].sum())
         state.tokens.extend(chunk)
         self.timings = replace(self.timings, prefill_ms=self.timings.prefill_ms + 1000 * (time.perf_counter() - t0))
         if len(state.tokens) < len(self.prompt):
@@ -163,4 +174,4 @@ class Generation:
         if queue_s is not None:
             self.timings = replace(self.timings, queue_ms=1000 * (queue_s - self.submitted_s))
         self.finished = True
-        return [FinishEvent(reason, self.timings)]
+        return [FinishEvent(reason, self.timings, self.end_prob)]

@@ -162,10 +162,11 @@ class Transformer(nn.Module):
         input_pos: torch.Tensor,  # [B, T] int64 positions, also the cache rows written
         cache: StaticKVCache,
         slots: Sequence[int],  # [B] cache slot per row
-        logits_for: Literal["last", "all"] = "last",
+        logits_for: Literal["last", "all"] | Sequence[int] = "last",
         kv_len: int | None = None,  # cached positions to attend over; the scheduler knows it host-side
     ) -> torch.Tensor:
-        """-> logits float32 [B, T, vocab] ("all") or [B, 1, vocab] ("last")."""
+        """-> logits float32 [B, T, vocab] ("all"), [B, 1, vocab] ("last") or [B, len(idx), vocab] for a sequence
+        of indices into T (the head runs only on the rows asked for: it is the largest matrix of a small model)."""
         if kv_len is None:
             kv_len = int(input_pos.max()) + 1  # a device sync on GPU: callers on the hot path pass it
         x = self.embed_tokens(tokens)  # [B, T, hidden]
@@ -176,6 +177,8 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, input_pos, mask, cache, slots, kv_len)
         if logits_for == "last":
             x = x[:, -1:]
+        elif logits_for != "all":
+            x = x[:, list(logits_for)]
         return self.logits(self.norm(x))
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

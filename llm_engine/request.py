@@ -26,6 +26,9 @@ class GenerateRequest:
     session_id: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # also report FinishEvent.end_prob: how likely the last (user) message is complete as it stands, read from
+    # the prompt's own forward (the turn-taking signal of a voice front-end; costs one extra row of the head)
+    probe_user_end: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class TokenEvent:
 class FinishEvent:
     reason: str  # "stop" | "length" | "cancelled" | "context"
     timings: Timings
+    end_prob: float | None = None  # with probe_user_end: P(the user's message ends where it does); None if unknown
 
 
 @dataclass(frozen=True)

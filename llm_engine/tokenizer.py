@@ -5,9 +5,14 @@ about models, caches or threads.
 """
 from __future__ import annotations
 
+import functools
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+_PUNCTUATION = frozenset(string.punctuation) | frozenset("…¿¡«»“”‘’")
+_SENTENCE_END = frozenset(".?!…")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,50 @@ class Tokenizer:
 
     def detokenizer(self) -> "IncrementalDetokenizer":
         return IncrementalDetokenizer(self)
+
+    @functools.cached_property
+    def _punctuation_ids(self) -> tuple[frozenset[int], frozenset[int]]:
+        """(tokens that are punctuation or white space alone, the punctuation that ends a sentence): one pass over
+        the vocabulary, on the first end-of-turn probe."""
+        skip, ends = set(), set()
+        for i, piece in enumerate(self.hf.convert_ids_to_tokens(list(range(len(self.hf))))):
+            # byte-level BPE and SentencePiece mark spaces and newlines with these
+            text = (piece or "").replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ")
+            if text and set(text.strip()) <= _PUNCTUATION:
+                skip.add(i)
+                if text.strip() and set(text.strip()) <= _SENTENCE_END:
+                    ends.add(i)
+        return frozenset(skip), frozenset(ends)
+
+    def user_end_probe(self, messages: Sequence[ChatMessage], ids: Sequence[int]) -> tuple[int, frozenset[int]] | None:
+        """Where the prompt `ids` (the rendered `messages`) says whether the user's last message is complete.
+
+        -> (k, end_ids): the index of the last word's token of that message, trailing punctuation skipped, and the
+        tokens that would end the message right there: sentence-ending punctuation and whatever the chat template
+        itself puts after the message (its end-of-turn token). P(end) = softmax(logits at k)[end_ids].sum().
+        Reading it before the punctuation makes it independent of how the recogniser punctuated a fragment.
+        None when the last message is not the user's, has no words, or cannot be located in the tokens."""
+        if not messages or messages[-1].role != "user":
+            return None
+        content = messages[-1].content
+        words = content.rstrip().rstrip("".join(_PUNCTUATION) + " \t\n")
+        rendered = self.render_chat(messages)
+        at = rendered.rfind(content)
+        if not words or at < 0:
+            return None
+        end_char = at + len(words)
+        enc = self.hf(rendered, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) != list(ids):
+            return None
+        offsets = enc["offset_mapping"]
+        k = max((i for i, (start, _) in enumerate(offsets) if start < end_char), default=None)
+        if k is None or offsets[k][1] > end_char or k + 1 >= len(ids):
+            return None  # the last word's token runs past the text (merged with what follows): no clean boundary
+        skip, sentence_ends = self._punctuation_ids
+        j = k + 1
+        while j < len(ids) - 1 and ids[j] in skip:
+            j += 1
+        return k, sentence_ends | {ids[j]}
 
 
 class IncrementalDetokenizer:

@@ -26,6 +26,7 @@ class LlmFinish:
     reused_tokens: int
     decode_tokens: int
     queue_ms: float = 0.0  # submit -> prefill start: e.g. waiting behind this session's ahead prefill
+    end_prob: float | None = None  # asked with probe_user_end: P(the user's message is complete as it stands)
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,9 @@ def _translate(ev: Any) -> LlmEvent:
     if isinstance(ev, FinishEvent):
         t = ev.timings
         return LlmFinish(
-            ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens), float(t.queue_ms)
-        )
+            ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens),
+            float(t.queue_ms), ev.end_prob,
+        )  # fmt: skip
     if isinstance(ev, ErrorEvent):
         return LlmError(ev.message)
     raise TypeError(f"unexpected engine event {type(ev).__name__}")
@@ -63,6 +65,7 @@ class LlmBridge:
         max_new_tokens: int,
         temperature: float = 0.0,
         seed: int | None = None,
+        probe_user_end: bool = False,
     ) -> AsyncIterator[LlmEvent]:
         """Yield LlmToken... then one LlmFinish or LlmError. Leaving early (break, cancel) cancels the stream."""
         loop = asyncio.get_running_loop()
@@ -78,6 +81,7 @@ class LlmBridge:
             session_id=session_id,
             messages=tuple(ChatMessage(role, content) for role, content in messages),
             sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens),
+            probe_user_end=probe_user_end,
         )
         stream = self.engine.submit(request, on_event=on_event)
         finished = False
@@ -93,10 +97,13 @@ class LlmBridge:
             if not finished:
                 stream.cancel()  # takes effect within one decode step on the engine thread
 
-    async def prefill(self, session_id: str, messages: Sequence[tuple[str, str]]) -> LlmFinish | LlmError:
-        """Prefill only (max_new_tokens=0): warms this session's KV slot for a request with the same prefix."""
+    async def prefill(
+        self, session_id: str, messages: Sequence[tuple[str, str]], *, probe_user_end: bool = False
+    ) -> LlmFinish | LlmError:
+        """Prefill only (max_new_tokens=0): warms this session's KV slot for a request with the same prefix.
+        probe_user_end: the finish also carries how likely the last (user) message is complete."""
         last: LlmFinish | LlmError = LlmError("no finish event")
-        async for event in self.generate(session_id, messages, max_new_tokens=0):
+        async for event in self.generate(session_id, messages, max_new_tokens=0, probe_user_end=probe_user_end):
             if isinstance(event, LlmFinish | LlmError):
                 last = event
         return last
