@@ -103,6 +103,15 @@ class Endpointer:
         """True from SpeechStarted until SpeechEnded (hangover included)."""
         return self._state is not _State.IDLE
 
+    @property
+    def speech_end_ms(self) -> float:
+        """Where SpeechEnded would put the end of the current speech: its last voiced frame, less the VAD's lag."""
+        return max(self._speech_start_ms, self._last_voiced_end_ms - self.end_lag_ms)
+
+    def end(self) -> None:
+        """The turn was ended by a decision before the hangover ran out: back to waiting for speech."""
+        self.reset()
+
     def push(self, prob: float, t_ms: float) -> list[EndpointEvent]:
         end_ms = t_ms + self.frame_ms
         if self._state is _State.IDLE:
@@ -141,4 +150,4 @@ class Endpointer:
         if end_ms - self._silence_start_ms < self.hangover_ms:
             return []
         self._state = _State.IDLE
-        return [SpeechEnded(max(self._speech_start_ms, self._last_voiced_end_ms - self.end_lag_ms))]
+        return [SpeechEnded(self.speech_end_ms)]

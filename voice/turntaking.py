@@ -1,0 +1,399 @@
+"""Turn-taking: every decision about who holds the floor, in one pure state machine.
+
+Events in: VAD frames (a speech probability at an audio time), end-of-turn check results, the final transcript of
+an ended turn, typed turns, greetings and cancels, the end of a reply, playback marks. Actions out: open a turn,
+start or drop the work ahead of the endpoint, run a check, end or drop a turn, interrupt a reply, reply, correct
+the history. No asyncio, no clock of its own (audio time comes with the frames), no models, no I/O: voice.session
+runs what it asks for. The decision rules and their measurements: docs/turn-taking.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
+
+DETECTIONS = ("fixed", "smart_turn", "text", "combined")
+
+# The engine's text signal is P(the user's text could end right after its last word). On the pause corpus a half
+# sentence scores ~0.01 and a whole request ~0.45 (medians): this value counts as even odds of a finished turn.
+TEXT_EVEN_ODDS = 0.03
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    """How a turn ends. fixed: after `hangover_ms` of silence. smart_turn | text | combined: after
+    `turn_check_ms` of silence a check asks the audio model, the engine's text probability or both; the turn
+    ends at once when P(complete) >= sure_prob, waits up to `max_hangover_ms` of silence when it is <=
+    unsure_prob, and in between waits a silence scaled on the log-odds between the two."""
+
+    detection: str = "fixed"
+    min_speech_ms: float = 120.0  # voiced time before a turn starts
+    hangover_ms: float = 500.0
+    turn_check_ms: float = 200.0
+    max_hangover_ms: float = 2000.0
+    sure_prob: float = 0.5
+    unsure_prob: float = 0.3
+    audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
+    barge_in_min_speech_ms: float = 200.0  # shorter speech under a reply (a cough, "uh-huh") is no turn
+    rejoin_window_ms: float = 1000.0  # speech starting this soon after an endpoint continues that request; 0: off
+
+    def __post_init__(self) -> None:
+        if self.detection not in DETECTIONS:
+            raise ValueError(f"turn detection must be one of {DETECTIONS}, got {self.detection!r}")
+        if not 0.0 < self.unsure_prob <= self.sure_prob < 1.0:
+            raise ValueError(f"need 0 < unsure_prob <= sure_prob < 1, got {self.unsure_prob}, {self.sure_prob}")
+        if not self.turn_check_ms <= self.max_hangover_ms:
+            raise ValueError("turn_check_ms must not exceed max_hangover_ms")
+
+    @property
+    def uses_audio(self) -> bool:
+        return self.detection in ("smart_turn", "combined")
+
+    @property
+    def uses_text(self) -> bool:
+        return self.detection in ("text", "combined")
+
+    def complete_prob(self, audio_prob: float | None, text_prob: float | None) -> float | None:
+        """P(the turn is complete) from the signals this detection uses; None when none of them is known."""
+        log_odds, known = 0.0, False
+        if self.uses_text and text_prob is not None:
+            log_odds += math.log(max(text_prob, 1e-12) / TEXT_EVEN_ODDS)
+            known = True
+        if self.uses_audio and audio_prob is not None:
+            p = min(max(audio_prob, 1e-6), 1 - 1e-6)
+            log_odds += (self.audio_weight if self.detection == "combined" else 1.0) * math.log(p / (1 - p))
+            known = True
+        return 1.0 / (1.0 + math.exp(-log_odds)) if known else None
+
+    def wait_ms(self, prob: float | None) -> float:
+        """The silence after which a turn whose check gave `prob` ends."""
+        if prob is None or prob <= self.unsure_prob:
+            return self.max_hangover_ms
+        if prob >= self.sure_prob:
+            return self.turn_check_ms
+        lo, hi, x = (math.log(p / (1 - p)) for p in (self.unsure_prob, self.sure_prob, prob))
+        return self.max_hangover_ms - (x - lo) / (hi - lo) * (self.max_hangover_ms - self.turn_check_ms)
+
+
+# -- what comes out ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnCheck:
+    """One end-of-turn check, as the turn's trace records it."""
+
+    silence_ms: float  # silence when its result came in
+    audio_prob: float | None
+    text_prob: float | None
+    complete_prob: float | None
+    wait_ms: float | None  # the silence it asked for before the turn ends; None for a stale check
+    cost_ms: float  # the check's own time (model run, waiting for the text probability)
+    decision: str  # "end" | "wait" | "stale" (speech came back before the result)
+
+    def to_dict(self) -> dict[str, object]:
+        r = lambda x: None if x is None else round(x, 4)  # noqa: E731
+        return {"silence_ms": round(self.silence_ms, 1), "audio_prob": r(self.audio_prob), "text_prob": r(self.text_prob),
+                "complete_prob": r(self.complete_prob), "wait_ms": None if self.wait_ms is None else round(self.wait_ms, 1),
+                "cost_ms": round(self.cost_ms, 1), "decision": self.decision}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpenTurn:
+    turn_id: int
+    start_ms: float  # audio time of the first voiced sample
+    during_reply: bool  # began under a reply: a turn only if it barges in, else dropped
+    joins: int | None = None  # the ended turn whose request this speech continues (its reply is interrupted)
+
+
+@dataclass(frozen=True)
+class StartAhead:
+    """The user paused: recognise the audio so far and prefill the engine while the pause lasts."""
+
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class DropAhead:
+    """Speech came back: what was computed ahead is stale."""
+
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class CheckTurn:
+    turn_id: int
+    check: int  # numbers the turn's checks; answer with check_done(turn_id, check, ...)
+    silence_ms: float
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    turn_id: int
+    speech_end_ms: float  # audio time of the end of the last voiced frame
+    reason: str  # "silence" (fixed hangover) | "complete" (a check) | "max_hangover"
+    checks: tuple[TurnCheck, ...]
+    joins: int | None
+
+
+@dataclass(frozen=True)
+class DropTurn:
+    """Speech under a reply that never barged in (a cough, a backchannel): not a turn."""
+
+    turn_id: int
+    speech_end_ms: float
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    turn_id: int  # whose reply stops now: its queued audio is dropped and the client told to drop its own
+    t_ms: float | None  # for speech that interrupts: the audio time that decided it
+    reason: str  # "barge_in" | "rejoin" | "replaced" | "cancel"
+
+
+@dataclass(frozen=True)
+class Reply:
+    turn_id: int
+    text: str | None  # what the user said or typed; None for a greeting
+    kind: str  # "voice" | "text" | "greeting"
+
+
+@dataclass(frozen=True)
+class Correct:
+    """A playback mark for the reply interrupted last: the history keeps what was heard up to `played_ms`."""
+
+    turn_id: int
+    played_ms: float
+
+
+Action = OpenTurn | StartAhead | DropAhead | CheckTurn | EndTurn | DropTurn | Interrupt | Reply | Correct
+
+
+# -- the machine ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Heard:
+    """The user turn being heard."""
+
+    turn_id: int
+    start_ms: float
+    during_reply: bool
+    joins: int | None
+    barged: bool = False
+    pause_ms: float | None = None  # audio time the current silence began
+    ahead: bool = False
+    check: int = 0  # checks asked so far; a result for an earlier one is stale
+    asked: bool = False  # a check was asked in this silence
+    end_after_ms: float | None = None  # the silence after which this pause ends the turn (set by a check)
+    checks: list[TurnCheck] = field(default_factory=list)
+
+    @property
+    def is_turn(self) -> bool:
+        return not self.during_reply or self.barged
+
+
+class TurnTaking:
+    """The floor: who speaks, when a turn ends, which reply runs. Call `listen(frame_ms, end_lag_ms)` once the VAD
+    is known, then feed events; every method returns the actions to run, in order."""
+
+    def __init__(self, policy: TurnPolicy, vad_threshold: float = 0.5) -> None:
+        self.policy = policy
+        self.vad_threshold = vad_threshold
+        self._endpointer: Endpointer | None = None
+        self._next_turn = 1
+        self._heard: _Heard | None = None
+        self._answering: int | None = None  # ended voice turn waiting for its final transcript
+        self._last_end: tuple[int, float] | None = None  # (turn, audio ms of its endpoint) while it may be rejoined
+        self._reply: int | None = None  # the turn whose reply runs
+        self._last_interrupted: int | None = None  # a late playback mark for it still corrects the history
+        self._now_ms = 0.0
+
+    def listen(self, frame_ms: float, end_lag_ms: float = 0.0) -> None:
+        p = self.policy
+        hangover = p.hangover_ms if p.detection == "fixed" else p.max_hangover_ms
+        self._endpointer = Endpointer(frame_ms, self.vad_threshold, p.min_speech_ms, hangover, end_lag_ms=end_lag_ms)
+
+    @property
+    def state(self) -> str:
+        """listening (the user speaks) | responding (a reply runs) | idle."""
+        if self._heard is not None:
+            return "listening"
+        return "responding" if self._reply is not None else "idle"
+
+    @property
+    def hearing(self) -> int | None:
+        """The turn being heard, if any."""
+        return None if self._heard is None else self._heard.turn_id
+
+    @property
+    def replying_to(self) -> int | None:
+        """The turn whose reply runs, or is about to: a reply asked for earlier and not started yet is superseded."""
+        return self._reply
+
+    # -- the user's audio ------------------------------------------------------------------------------------
+
+    def frame(self, prob: float, t_ms: float) -> list[Action]:
+        """One VAD frame: its speech probability and the audio time of its first sample."""
+        ep = self._endpointer
+        if ep is None:
+            raise RuntimeError("listen() first: the VAD's frame length is not known")
+        self._now_ms = t_ms + ep.frame_ms
+        out: list[Action] = []
+        for event in ep.push(prob, t_ms):
+            if isinstance(event, SpeechStarted):
+                out += self._open(event.t_ms)
+            elif isinstance(event, SpeechPaused):
+                out += self._pause(event.t_ms)
+            elif isinstance(event, SpeechResumed):
+                out += self._resume()
+            elif isinstance(event, SpeechEnded):
+                out += self._silence_ended(event.t_ms)
+        return out + self._tick()
+
+    def check_done(self, turn_id: int, check: int, audio_prob: float | None, text_prob: float | None, cost_ms: float) -> list[Action]:
+        h = self._heard
+        if h is None or h.turn_id != turn_id:
+            return []  # the turn ended meanwhile (its hangover ran out)
+        silence = self._now_ms - h.pause_ms if h.pause_ms is not None else 0.0
+        if check != h.check or h.pause_ms is None:
+            h.checks.append(TurnCheck(silence, audio_prob, text_prob, None, None, cost_ms, "stale"))
+            return []
+        prob = self.policy.complete_prob(audio_prob, text_prob)
+        wait = self.policy.wait_ms(prob)
+        h.end_after_ms = wait
+        ends = silence >= wait
+        h.checks.append(TurnCheck(silence, audio_prob, text_prob, prob, wait, cost_ms, "end" if ends else "wait"))
+        return self._end(h, "complete") if ends else []
+
+    def _open(self, start_ms: float) -> list[Action]:
+        out: list[Action] = []
+        joins = None
+        last = self._last_end
+        if last is not None and self.policy.rejoin_window_ms > 0 and start_ms - last[1] <= self.policy.rejoin_window_ms:
+            joins = last[0]  # the user was not done: the early endpoint is taken back
+            if self._reply == joins:
+                out.append(Interrupt(joins, self._now_ms, "rejoin"))
+            self._answering = None
+        self._last_end = None
+        turn_id = self._new_turn()
+        during = self._reply is not None and joins is None
+        self._heard = _Heard(turn_id, start_ms, during, joins)
+        return [*out, OpenTurn(turn_id, start_ms, during, joins)]
+
+    def _pause(self, t_ms: float) -> list[Action]:
+        h = self._heard
+        if h is None:
+            return []
+        h.pause_ms, h.asked, h.end_after_ms = t_ms, False, None
+        if h.is_turn and not h.ahead:
+            h.ahead = True
+            return [StartAhead(h.turn_id)]
+        return []
+
+    def _resume(self) -> list[Action]:
+        h = self._heard
+        if h is None:
+            return []
+        h.pause_ms, h.asked, h.end_after_ms = None, False, None
+        if h.ahead:
+            h.ahead = False
+            return [DropAhead(h.turn_id)]
+        return []
+
+    def _silence_ended(self, speech_end_ms: float) -> list[Action]:
+        """The endpointer's own hangover ran out: the fixed hangover, or the longest silence a turn may hold."""
+        h = self._heard
+        if h is None:
+            return []
+        if not h.is_turn:
+            return self._drop(h)
+        return self._end(h, "silence" if self.policy.detection == "fixed" else "max_hangover")
+
+    def _tick(self) -> list[Action]:
+        """Decisions that come with time: barge-in, a check due, a wait that ran out, a backchannel over."""
+        h, p = self._heard, self.policy
+        if h is None:
+            return []
+        if h.pause_ms is None:
+            if not h.is_turn and self._now_ms - h.start_ms >= p.barge_in_min_speech_ms:
+                h.barged = True  # long enough to be meant: a turn, and the reply (if one still runs) stops
+                return [Interrupt(self._reply, self._now_ms, "barge_in")] if self._reply is not None else []
+            return []
+        silence = self._now_ms - h.pause_ms
+        if not h.is_turn:
+            return self._drop(h) if p.detection != "fixed" and silence >= p.turn_check_ms else []
+        if p.detection == "fixed":
+            return []
+        if not h.asked and silence >= p.turn_check_ms:
+            h.asked = True
+            h.check += 1
+            return [CheckTurn(h.turn_id, h.check, silence)]
+        if h.end_after_ms is not None and silence >= h.end_after_ms:
+            return self._end(h, "complete")
+        return []
+
+    def _end(self, h: _Heard, reason: str) -> list[Action]:
+        assert self._endpointer is not None
+        speech_end_ms = self._endpointer.speech_end_ms
+        if self._endpointer.in_speech:
+            self._endpointer.end()
+        self._heard = None
+        self._answering = h.turn_id
+        self._last_end = (h.turn_id, self._now_ms)
+        return [EndTurn(h.turn_id, speech_end_ms, reason, tuple(h.checks), h.joins)]
+
+    def _drop(self, h: _Heard) -> list[Action]:
+        assert self._endpointer is not None
+        speech_end_ms = self._endpointer.speech_end_ms
+        if self._endpointer.in_speech:
+            self._endpointer.end()
+        self._heard = None
+        return [DropTurn(h.turn_id, speech_end_ms)]
+
+    # -- replies -----------------------------------------------------------------------------------------------
+
+    def heard(self, turn_id: int, text: str) -> list[Action]:
+        """The final transcript of an ended turn: reply to it, unless it has no words or was joined meanwhile."""
+        if self._answering != turn_id:
+            return []
+        self._answering = None
+        if not text.strip():
+            self._last_end = None
+            return []
+        return self._start_reply(turn_id, text, "voice")
+
+    def typed(self, text: str) -> list[Action]:
+        return self._start_reply(self._new_turn(), text, "text")
+
+    def greet(self) -> list[Action]:
+        return self._start_reply(self._new_turn(), None, "greeting")
+
+    def cancel(self) -> list[Action]:
+        return [Interrupt(self._reply, None, "cancel")] if self._reply is not None else []
+
+    def reply_ended(self, turn_id: int, interrupted: bool) -> list[Action]:
+        if self._reply == turn_id:
+            self._reply = None
+        if interrupted:
+            self._last_interrupted = turn_id
+        if self._last_end is not None and self._last_end[0] == turn_id:
+            self._last_end = None  # its reply is over: later speech is a new request
+        return []
+
+    def played(self, turn_id: int, played_ms: float) -> list[Action]:
+        """A playback mark. For the reply interrupted last, a mark (even one after the clear) fixes the history."""
+        return [Correct(turn_id, played_ms)] if turn_id == self._last_interrupted else []
+
+    def _start_reply(self, turn_id: int, text: str | None, kind: str) -> list[Action]:
+        out: list[Action] = []
+        if self._reply is not None:
+            out.append(Interrupt(self._reply, None, "replaced"))  # one reply at a time: the new turn ends the old
+        if self._last_end is not None and self._last_end[0] != turn_id:
+            self._last_end = None  # another reply starts: speech now is no continuation of that earlier turn
+        self._reply = turn_id
+        return [*out, Reply(turn_id, text, kind)]
+
+    def _new_turn(self) -> int:
+        turn_id, self._next_turn = self._next_turn, self._next_turn + 1
+        return turn_id
