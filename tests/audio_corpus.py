@@ -44,6 +44,31 @@ REQUESTS: list[str] = [
     "What is the best way to learn a new language?",
 ]
 
+# Requests people say with one pause in the middle (a breath, a search for the word), at a syntactic break:
+# (before the pause, after it). Several first halves could end a request on their own ("Turn off the lights"):
+# those are the hard cases for any end-of-turn detector, and real.
+PAUSED_REQUESTS: list[tuple[str, str]] = [
+    ("I would like to book a table", "for four people at seven."),
+    ("How long does it take to boil", "a potato?"),
+    ("Can you tell me the capital of", "Australia?"),
+    ("Remind me to call my mother", "tomorrow after lunch."),
+    ("What is the weather going to be like", "this weekend in Paris?"),
+    ("Set an alarm for", "six thirty tomorrow morning."),
+    ("Add eggs and butter", "to my shopping list."),
+    ("Send a message to my sister", "saying I am on my way."),
+    ("Turn off the lights", "in the living room."),
+    ("How many minutes should I", "cook the rice for?"),
+    ("Tell me a story about", "a dragon and a brave knight."),
+    ("What is the best way to", "learn to play the guitar?"),
+    ("Play some quiet music", "for studying."),
+    ("Can you recommend a movie", "for a family night?"),
+    ("I need a recipe for", "a quick vegetable soup."),
+    ("How far is it from London", "to Edinburgh by train?"),
+    ("Remind me in twenty minutes", "to take the bread out of the oven."),
+    ("What time does the sun", "set today?"),
+]
+PAUSES_MS = (300, 500, 700, 900, 1000)
+
 # Replies the assistant might speak, for the TTS -> ASR round trip. Several, because Piper samples
 # its prosody afresh each time: one short sentence makes the score swing by a word either way.
 REPLIES: list[str] = [
@@ -97,6 +122,70 @@ def speak_flite(text: str, *, voice: str = "slt") -> tuple[np.ndarray, int]:
 def speak_espeak(text: str, *, voice: str = "en-us") -> tuple[np.ndarray, int]:
     """Speak `text` with espeak-ng (22.05 kHz); returns (float32 [N], rate)."""
     return _speak_command(["espeak-ng", "-v", voice, text, "-w"])
+
+
+def speak(text: str, voice: str = "piper") -> np.ndarray:
+    """`text` spoken by `voice` (piper | piper-steady (no prosody noise) | flite | flite-kal | espeak), float32
+    [N] at 16 kHz."""
+    if voice in ("piper", "piper-steady"):
+        audio, rate = speak_piper(text, deterministic=voice == "piper-steady")
+    elif voice in ("flite", "flite-kal"):
+        audio, rate = speak_flite(text, voice="kal" if voice == "flite-kal" else "slt")
+    elif voice == "espeak":
+        audio, rate = speak_espeak(text)
+    else:
+        raise ValueError(f"unknown voice {voice!r}")
+    return to_16k(audio, rate)
+
+
+def _gaps_ms(audio: np.ndarray, rate: int, window_ms: float = 10.0, rel_db: float = -40.0) -> list[tuple[float, float]]:
+    """Silent stretches inside the speech of a clip: [(start_ms, end_ms)], longest first."""
+    win = int(rate * window_ms / 1000)
+    n = len(audio) // win
+    rms = np.sqrt(np.mean(audio[: n * win].reshape(n, win).astype(np.float64) ** 2, axis=1) + 1e-12)
+    voiced = 20 * np.log10(rms / rms.max()) > rel_db
+    idx = np.flatnonzero(voiced)
+    gaps, i = [], idx[0]
+    while i <= idx[-1]:
+        if voiced[i]:
+            i += 1
+            continue
+        j = i
+        while not voiced[j]:
+            j += 1
+        gaps.append((i * window_ms, j * window_ms))
+        i = j
+    return sorted(gaps, key=lambda g: g[0] - g[1])
+
+
+def _trim(audio: np.ndarray, rate: int = ASR_RATE) -> np.ndarray:
+    start_ms, end_ms = speech_bounds_ms(audio, rate, rel_db=-45.0)
+    return audio[int(start_ms * rate / 1000) : int(end_ms * rate / 1000)]
+
+
+def speak_paused(first: str, second: str, voice: str, pause_ms: float, *, style: str = "comma") -> tuple[np.ndarray, float]:
+    """One request with a pause of `pause_ms` between `first` and `second`, float32 [N] at 16 kHz (speech from
+    the first sample, nothing after the last). -> (audio, audio time where the pause starts).
+
+    style "comma": spoken as one sentence with a comma at the break (the voice's own continuation prosody), then
+    the comma's short silence stretched to `pause_ms`. style "split": the halves spoken separately (the first
+    one ends as a finished sentence would) and joined by the silence."""
+    if style == "split":
+        a, b = _trim(speak(first, voice)), _trim(speak(second, voice))
+        return np.concatenate([a, silence(pause_ms), b]), 1000.0 * len(a) / ASR_RATE
+    if style != "comma":
+        raise ValueError(f"unknown style {style!r}")
+    text = f"{first}, {second}"
+    audio = _trim(speak(text, voice))
+    # the comma's silence: of the gaps of 60 ms or more, the one nearest where the text puts the comma
+    expected_ms = 1000.0 * len(audio) / ASR_RATE * (len(first) + 1) / len(text)
+    gaps = [g for g in _gaps_ms(audio, ASR_RATE) if g[1] - g[0] >= 60.0]
+    near = min(gaps, key=lambda g: abs((g[0] + g[1]) / 2 - expected_ms), default=None)
+    if near is None or abs((near[0] + near[1]) / 2 - expected_ms) > 0.2 * 1000.0 * len(audio) / ASR_RATE:
+        raise ValueError(f"{voice}: no comma pause found in {text!r} (gaps {gaps[:3]}, expected near {expected_ms:.0f} ms)")
+    start_ms, end_ms = near
+    cut = lambda ms: int(ms * ASR_RATE / 1000)  # noqa: E731
+    return np.concatenate([audio[: cut(start_ms)], silence(pause_ms), audio[cut(end_ms) :]]), start_ms
 
 
 def to_16k(audio: np.ndarray, rate: int) -> np.ndarray:

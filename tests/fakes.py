@@ -17,9 +17,10 @@ from llm_engine.request import ErrorEvent, FinishEvent, GenerateRequest, Timings
 from voice.asr import Transcript
 from voice.llm_bridge import LlmBridge
 from voice.outbox import OutAudio
-from voice.session import Session, SessionSettings, Stages
+from voice.reply import VoiceBinding
+from voice.session import PersonaSpec, Session, SessionSettings, Stages
 from voice.trace import TurnTrace
-from voice.turn import PersonaSpec, VoiceBinding
+from voice.turntaking import TurnPolicy
 
 RATE = 16000
 
@@ -53,12 +54,15 @@ class FakeVad:
 
 
 class FakeTranscriber:
-    """Always hears `text` (empty for audio shorter than `min_audio_ms`); records each call's audio length."""
+    """Hears `text` (empty for audio shorter than `min_audio_ms`), or with `by_length` [(min audio ms, text)] the
+    text of the longest length the audio reaches; records each call's audio length."""
 
-    def __init__(self, text: str = "what is the weather like today", delay_s: float = 0.0, min_audio_ms: float = 100.0) -> None:
+    def __init__(self, text: str = "what is the weather like today", delay_s: float = 0.0, min_audio_ms: float = 100.0,
+                 by_length: list[tuple[float, str]] | None = None) -> None:  # fmt: skip
         self.text = text
         self.delay_s = delay_s
         self.min_audio_ms = min_audio_ms
+        self.by_length = sorted(by_length or [])
         self.calls_ms: list[float] = []
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
@@ -67,6 +71,8 @@ class FakeTranscriber:
         if self.delay_s:
             time.sleep(self.delay_s)
         text = self.text if audio_ms >= self.min_audio_ms else ""
+        if self.by_length:
+            text = next((t for ms, t in reversed(self.by_length) if audio_ms >= ms), "")
         return Transcript(text=text, no_speech_prob=0.0, avg_logprob=-0.1, audio_ms=audio_ms, decode_ms=1000 * self.delay_s)
 
 
@@ -104,6 +110,7 @@ class FakeEngine:
     first_token_s: float = 0.02
     prefill_s: float = 0.0  # the prompt's forward, for every request (prefill-only ones too)
     error: str | None = None
+    end_probs: dict[str, float] = field(default_factory=dict)  # user text -> a probe's end_prob (default 0.9)
     requests: list[GenerateRequest] = field(default_factory=list)
     submitted_ns: list[int] = field(default_factory=list)  # perf_counter_ns of each submit, as `requests`
     prefilled_ns: list[int] = field(default_factory=list)  # when each request's prefill ended, in run order
@@ -180,9 +187,22 @@ class FakeEngine:
                 reason = "stop" if limit > len(self.reply_words) else "length"
             timings = Timings(queue_ms=queue_ms, prefill_ms=max(1.0, 1000 * self.prefill_s), prefill_tokens=len(prompt) - reused,
                               reused_tokens=reused, decode_tokens=n)  # fmt: skip
-            finish = FinishEvent(reason, timings)
+            end_prob = self.end_probs.get(job.req.messages[-1].content, 0.9) if job.req.probe_user_end else None
+            finish = FinishEvent(reason, timings, end_prob)
             self.finished.append(finish)
             self._emit(job, finish)
+
+
+class FakeTurnModel:
+    """The audio end-of-turn model: `prob`, whatever it hears; records the audio length of each check."""
+
+    def __init__(self, prob: float = 0.9) -> None:
+        self.prob = prob
+        self.calls_ms: list[float] = []
+
+    def complete_prob(self, audio: np.ndarray) -> float:
+        self.calls_ms.append(1000.0 * len(audio) / RATE)
+        return self.prob
 
 
 class FakeTts:
@@ -232,12 +252,15 @@ class Harness:
         engine: FakeEngine | None = None,
         transcriber: FakeTranscriber | None = None,
         tts: FakeTts | None = None,
+        turn_model: FakeTurnModel | None = None,
         persona: str = "assistant",
+        turns: TurnPolicy | None = None,
         **settings: object,
     ) -> None:
         self.engine = engine or FakeEngine()
         self.transcriber = transcriber or FakeTranscriber()
         self.tts = tts or FakeTts()
+        self.turn_model = turn_model
         self.kal = FakeTts(sample_rate=8000)
         self.traces: list[TurnTrace] = []
         self.stages = Stages(
@@ -245,8 +268,10 @@ class Harness:
             transcriber=self.transcriber,
             llm=LlmBridge(self.engine),
             voices={"joe": VoiceBinding(self.tts), "kal": VoiceBinding(self.kal, "kal")},
+            turn_model=turn_model,
         )
-        base = dict(greet=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0})
+        base = dict(greet=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
+                    turns=turns or TurnPolicy())  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
         self.session = Session("s1", self.stages, self.settings, PERSONAS, persona, on_trace=self.traces.append)
         self.messages: list[dict[str, Any]] = []

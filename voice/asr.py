@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from voice.agreement import LocalAgreement
+from voice.audio import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,11 @@ class StreamingTranscriber:
       consecutive hypotheses; returns the full committed text when it grew, else None. Committed
       text only ever grows (see `committed`).
     - `await final()`: decode the whole utterance as it is at the call. To finish recognition before
-      the turn ends, start it at `SpeechPaused` (`task = asyncio.create_task(st.final())`), cancel the
-      task on `SpeechResumed`, and await it at `SpeechEnded`: audio appended during the hangover is
-      silence, so leaving it out changes nothing. The final is exactly an offline decode of that audio.
-    Decodes never overlap (a lock), and none runs on the event loop.
+      the turn ends, start it at the pause (`task = asyncio.create_task(st.final())`), cancel the task
+      if speech resumes, and await it at the endpoint: audio after the pause is silence, so leaving it
+      out changes nothing. The final is exactly an offline decode of that audio.
+    Partials never overlap each other (a lock); a final does not wait for a partial in flight (the final is
+    what the user waits for). None runs on the event loop.
     """
 
     def __init__(
@@ -200,5 +201,4 @@ class StreamingTranscriber:
         return self._decode_final(self.audio())
 
     async def _decode_final(self, audio: np.ndarray) -> Transcript:
-        async with self._lock:
-            return await asyncio.to_thread(self._transcriber.transcribe, audio)
+        return await asyncio.to_thread(self._transcriber.transcribe, audio)

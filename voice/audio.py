@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
+SAMPLE_RATE = 16000  # what VAD, speech recognition and the turn model take; other client rates are resampled to it
 _PCM16_SCALE = 32768.0
 
 

@@ -1,78 +1,163 @@
-"""The listening half of a session: audio in -> VAD -> endpointer -> utterances with partials, barge-in
-decisions and the work done ahead of the endpoint (final recognition beside an engine prefill).
+"""The listening half of a session: audio in -> VAD frames stamped with audio and arrival time, and the work on
+one utterance: its audio (held back while the user pauses), partial transcripts, the work done ahead of the
+endpoint (the final recognition, then an engine prefill of it that also says whether the text sounds finished),
+end-of-turn checks and the final transcript.
 
-It hands each finished user turn to its `Conversation` (the Session) and knows nothing of replies, TTS or
-the wire beyond the events it sends through the outbox.
+It decides nothing (voice.turntaking does; voice.session runs what it asks) and knows nothing of replies or the wire.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from voice.asr import StreamingTranscriber, Transcriber
-from voice.audio import Framer
-from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
-from voice.listen import Utterance
+from voice.audio import SAMPLE_RATE, Framer
 from voice.llm_bridge import LlmBridge, LlmFinish
-from voice.outbox import Outbox
+from voice.smart_turn import TurnModel
 from voice.trace import TurnTrace, now_ns
 from voice.vad import Vad
 
-SAMPLE_RATE = 16000  # what VAD and ASR take; the socket layer resamples other client rates
 PREROLL_PAD_MS = 100.0  # audio kept before the qualifying voiced run, so the first word is not clipped
 AUDIO_QUEUE_ITEMS = 500  # 10 s of 20 ms messages: a listen loop this far behind is broken, not slow
+
+Prompt = Callable[[str], Sequence[tuple[str, str]]]  # the user's text -> the messages a reply to it would send
 
 
 class Overloaded(Exception):
     """Audio arrives faster than the listen loop takes it."""
 
 
-class Conversation(Protocol):
-    """What the listener needs from its session."""
+@dataclass(frozen=True)
+class HeardFrame:
+    prob: float  # the VAD's speech probability
+    t_ms: float  # audio time of its first sample
+    samples: np.ndarray  # float32 [frame] at 16 kHz
 
-    session_id: str
-    outbox: Outbox
 
-    def replying(self) -> bool: ...
-    def new_turn(self) -> int: ...
-    def new_trace(self, turn_id: int, kind: str) -> TurnTrace: ...
-    def interrupt(self, t_ms: float | None = None) -> None: ...
-    def messages(self, user_text: str | None = None) -> list[tuple[str, str]]: ...
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None: ...
-    async def user_turn(self, utt: Utterance) -> None: ...
+@dataclass
+class Utterance:
+    """One user turn being heard: its recogniser, the audio held back while paused, and the work ahead."""
+
+    turn_id: int
+    trace: TurnTrace
+    start_ms: float  # audio time of the first voiced sample
+    stt: StreamingTranscriber
+    paused: bool = False
+    held: list[np.ndarray] = field(default_factory=list)  # audio of the pause: part of the turn only if speech resumes
+    partial_task: asyncio.Task[Any] | None = None
+    ahead: asyncio.Task[Any] | None = None  # the final decode, then the prefill of it, started at the pause
+    ahead_start_ns: int | None = None
+    final_text: str = ""
+    final_ns: int | None = None
+    final_event: asyncio.Event = field(default_factory=asyncio.Event)
+    text_prob: float | None = None  # the prefill's P(the final text is a finished request)
+    prefill_start_ns: int | None = None
+    prefill_done_ns: int | None = None
+    prefill_result: LlmFinish | None = None
+    discarded_ahead: int = 0
+
+    def feed(self, samples: np.ndarray) -> None:
+        if self.paused:
+            self.held.append(samples)
+        else:
+            self.stt.append(samples)
+
+    def audio(self) -> np.ndarray:
+        """Everything heard of this turn so far, the pause included: float32 [N] at 16 kHz."""
+        return np.concatenate([self.stt.audio(), *self.held]) if self.held else self.stt.audio()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        """Speech came back: the pause was inside the turn, and anything computed on it is stale."""
+        self.paused = False
+        for samples in self.held:
+            self.stt.append(samples)
+        self.held.clear()
+        if self.ahead is not None:
+            self.discarded_ahead += 1
+            self.ahead.cancel()  # an engine prefill in flight is cancelled as its iterator closes
+        self.ahead = None
+        self.ahead_start_ns = self.final_ns = self.prefill_start_ns = self.prefill_done_ns = None
+        self.prefill_result = self.text_prob = None
+        self.final_event = asyncio.Event()
+        self.final_text = ""
+
+    def discard(self) -> None:
+        for task in (self.ahead, self.partial_task):
+            if task is not None:
+                task.cancel()
+
+    async def ahead_done(self) -> None:
+        """Wait until the work ahead has run to its end (or was cancelled)."""
+        if self.ahead is not None:
+            await asyncio.wait([self.ahead])
+
+    def savings(self, endpoint_ns: int, llm_start_ns: int | None = None, reply: LlmFinish | None = None) -> dict[str, Any]:
+        """What the work ahead of the endpoint saved the reply (`reply`: the reply request's finish, once known).
+
+        asr_ms: the part of the final decode that ran before the endpoint. prefill_tokens: tokens the ahead
+        prefill computed; reused_tokens: how many of those the reply took from the cache. prefill_ms: the lesser of
+        two estimates of what computing those tokens would have cost the reply: the ahead prefill's engine time
+        before the reply's request started, and the reply's own per-token prefill time (the ahead forward may share
+        the cores with other work, so its wall time can overstate the work). 0 until the reply's reuse is known."""
+        asr_ms = 0.0
+        if self.ahead_start_ns is not None and self.final_ns is not None:
+            asr_ms = max(0.0, (min(self.final_ns, endpoint_ns) - self.ahead_start_ns) / 1e6)
+        prefill_ms, computed, used = 0.0, 0, 0
+        result, done = self.prefill_result, self.prefill_done_ns
+        if result is not None and done is not None:
+            computed = result.prefill_tokens
+            if reply is not None and computed > 0:
+                # tokens the reply found cached beyond what the cache held before the ahead prefill
+                used = max(0, min(computed, reply.reused_tokens - result.reused_tokens))
+                compute_start = done - int(result.prefill_ms * 1e6)  # the engine's forward ends at about `done`
+                before = (done if llm_start_ns is None else min(done, llm_start_ns)) - compute_start
+                ahead_ms = max(0.0, before / 1e6) * used / computed
+                reply_ms = reply.prefill_ms / max(1, reply.prefill_tokens) * used
+                prefill_ms = min(ahead_ms, reply_ms)
+        return {
+            "asr_ms": round(asr_ms, 3),
+            "prefill_ms": round(prefill_ms, 3),
+            "saved_ms": round(asr_ms + prefill_ms, 3),
+            "prefill_tokens": computed,
+            "reused_tokens": used,
+            "discarded": self.discarded_ahead,
+        }
 
 
 class Listener:
     def __init__(
         self,
-        conv: Conversation,
+        session_id: str,
         make_vad: Callable[[], Vad],
         transcriber: Transcriber,
         llm: LlmBridge,
+        turn_model: TurnModel | None,
         *,
-        vad_threshold: float,
-        min_speech_ms: float,
-        hangover_ms: float,
-        barge_in_min_speech_ms: float,
         partial_interval_ms: int,
+        min_speech_ms: float,
     ) -> None:
-        self.conv = conv
+        self.session_id = session_id
         self.make_vad = make_vad
         self.transcriber = transcriber
         self.llm = llm
-        self.vad_threshold = vad_threshold
-        self.min_speech_ms = min_speech_ms
-        self.hangover_ms = hangover_ms
-        self.barge_in_min_speech_ms = barge_in_min_speech_ms
+        self.turn_model = turn_model
         self.partial_interval_ms = partial_interval_ms
+        self.min_speech_ms = min_speech_ms
         self.utt: Utterance | None = None  # the user turn being heard, if any
         self._queue: asyncio.Queue[tuple[np.ndarray, int]] = asyncio.Queue(AUDIO_QUEUE_ITEMS)
         self._arrivals: deque[tuple[float, int]] = deque(maxlen=3000)  # (audio ms of message start, arrival ns)
         self._audio_in_ms = 0.0
+        self._preroll: deque[np.ndarray] = deque(maxlen=1)
+        self._vad: Vad | None = None
 
     def push(self, samples: np.ndarray, arrival_ns: int) -> None:
         """16 kHz float32 [N] as it arrived; `arrival_ns` is perf_counter_ns at receipt."""
@@ -81,9 +166,14 @@ class Listener:
         except asyncio.QueueFull:
             raise Overloaded from None
 
+    async def start(self) -> Vad:
+        """Build and warm this session's VAD (a model's first calls are slow) off the loop; audio arriving
+        meanwhile waits in the queue and is processed in order, with its arrival times."""
+        vad = self._vad = await asyncio.to_thread(self._new_vad)
+        self._preroll = deque(maxlen=max(1, int((self.min_speech_ms + PREROLL_PAD_MS) / vad.frame_ms) + 1))
+        return vad
+
     def _new_vad(self) -> Vad:
-        """Build and warm this session's VAD (a TorchScript model's first calls are slow) off the loop;
-        audio arriving meanwhile waits in the queue and is processed in order, with its arrival times."""
         vad = self.make_vad()
         silent = np.zeros(int(SAMPLE_RATE * vad.frame_ms / 1000), dtype=np.float32)
         for _ in range(3):
@@ -91,115 +181,98 @@ class Listener:
         vad.reset()
         return vad
 
-    async def run(self) -> None:
-        """The listen loop: runs until cancelled."""
-        vad = await asyncio.to_thread(self._new_vad)
+    async def frames(self) -> AsyncIterator[HeardFrame]:
+        """Every VAD frame of the audio, in order; runs until cancelled."""
+        vad = self._vad
+        if vad is None:
+            raise RuntimeError("start() first")
         framer = Framer(SAMPLE_RATE, vad.frame_ms)
-        endpointer = Endpointer.for_vad(vad, self.vad_threshold, self.min_speech_ms, self.hangover_ms)
-        preroll: deque[np.ndarray] = deque(maxlen=max(1, int((self.min_speech_ms + PREROLL_PAD_MS) / vad.frame_ms) + 1))
         while True:
             samples, arrival_ns = await self._queue.get()
             self._arrivals.append((self._audio_in_ms, arrival_ns))
             self._audio_in_ms += 1000.0 * len(samples) / SAMPLE_RATE
             for frame in framer.push(samples):
-                for event in endpointer.push(vad.speech_prob(frame.samples), frame.t_ms):
-                    self._on_vad(event, preroll)
-                utt = self.utt
-                if utt is None:
-                    preroll.append(frame.samples)
-                    continue
-                utt.feed(frame.samples)
-                if not utt.paused:
-                    self._maybe_partial(utt)
-                    voiced_ms = frame.end_ms - utt.start_ms
-                    if utt.during_reply and not utt.barged and voiced_ms >= self.barge_in_min_speech_ms:
-                        utt.barged = True
-                        self.conv.interrupt(t_ms=frame.end_ms)
+                yield HeardFrame(vad.speech_prob(frame.samples), frame.t_ms, frame.samples)
 
-    def _on_vad(self, event: object, preroll: deque[np.ndarray]) -> None:
-        conv = self.conv
-        if isinstance(event, SpeechStarted):
-            turn_id = conv.new_turn()
-            trace = conv.new_trace(turn_id, "voice")
-            trace.mark("speech_start", self._arrival_ns(event.t_ms))
-            stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms)
-            for samples in preroll:
-                stt.append(samples)
-            preroll.clear()
-            self.utt = Utterance(turn_id, trace, event.t_ms, stt, during_reply=conv.replying())
-            conv.outbox.send("vad.speech_started", t_ms=round(event.t_ms, 1))
-        elif isinstance(event, SpeechPaused) and self.utt is not None:
-            utt = self.utt
-            utt.pause()
-            if not utt.during_reply or utt.barged:
-                self._start_ahead(utt)
-        elif isinstance(event, SpeechResumed) and self.utt is not None:
-            self.utt.resume()
-        elif isinstance(event, SpeechEnded) and self.utt is not None:
-            utt, self.utt = self.utt, None
-            # the last voiced sample lies just before t_ms; the message that carried it arrived at:
-            utt.trace.mark("speech_end", self._arrival_ns(event.t_ms - 0.001))
-            utt.trace.mark("endpoint")
-            conv.outbox.send("vad.speech_ended", t_ms=round(event.t_ms, 1))
-            if utt.during_reply and not utt.barged:  # a backchannel or cough under the reply: not a turn
-                utt.discard()
-                return
-            conv.spawn(self._finish, utt)
-
-    def _maybe_partial(self, utt: Utterance) -> None:
-        if utt.partial_task is None or utt.partial_task.done():
-            if utt.stt.partial_due():
-                utt.partial_task = self.conv.spawn(self._partial, utt)
-
-    async def _partial(self, utt: Utterance) -> None:
-        text = await utt.stt.partial()
-        if text is not None and utt is self.utt:
-            self.conv.outbox.send("transcript.partial", turn_id=utt.turn_id, text=text)
-
-    # -- ahead of the endpoint ----------------------------------------------------------------------
-
-    def _start_ahead(self, utt: Utterance) -> None:
-        """At SpeechPaused, side by side: the final decode of the audio so far, and an engine prefill of the
-        conversation plus the committed (LocalAgreement) text, so the reply's prompt finds its prefix cached."""
-        utt.ahead_start_ns = now_ns()
-        utt.ahead = self.conv.spawn(self._ahead_final, utt)
-        if not self.conv.replying():
-            committed = utt.stt.committed.strip()
-            messages = self.conv.messages(committed or None)
-            utt.prefill = self.conv.spawn(self._ahead_prefill, utt, messages)
-
-    async def _ahead_final(self, utt: Utterance) -> None:
-        # no audio reaches the transcriber while paused (it is held), and a resume cancels this task before it
-        # can start: the final decodes exactly the audio up to the pause
-        transcript = await utt.stt.final()
-        utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
-        utt.final_event.set()
-
-    async def _ahead_prefill(self, utt: Utterance, messages: list[tuple[str, str]]) -> None:
-        utt.prefill_start_ns = now_ns()
-        result = await self.llm.prefill(self.conv.session_id, messages)
-        if isinstance(result, LlmFinish):
-            utt.prefill_done_ns, utt.prefill_result = now_ns(), result
-
-    async def _finish(self, utt: Utterance) -> None:
-        """After the endpoint: take the final (from the hangover when it ran there), then hand the turn over.
-        The ahead prefill is not waited for: the engine runs the reply's request right behind it."""
-        trace = utt.trace
-        if utt.ahead is not None:
-            await utt.final_ready()  # recognition that ran during the hangover
-        if utt.final_ns is None:  # no ahead work (or it was discarded): recognise now
-            transcript = await utt.stt.final()
-            utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
-        trace.mark("asr_final", utt.final_ns)
-        self.conv.outbox.send("transcript.final", turn_id=utt.turn_id, text=utt.final_text)
-        if not utt.final_text:
-            utt.discard()
-            return
-        await self.conv.user_turn(utt)
-
-    def _arrival_ns(self, t_ms: float) -> int:
+    def arrival_ns(self, t_ms: float) -> int:
         """Arrival time of the client message holding audio time `t_ms` (the latest one starting at or before it)."""
         for start_ms, arrival_ns in reversed(self._arrivals):
             if start_ms <= t_ms:
                 return arrival_ns
         return self._arrivals[0][1] if self._arrivals else now_ns()
+
+    # -- one utterance ----------------------------------------------------------------------------------------
+
+    def open(self, turn_id: int, trace: TurnTrace, start_ms: float, continues: Utterance | None = None) -> Utterance:
+        """A new turn from the audio kept before its speech qualified; `continues`: the ended turn whose request
+        this speech goes on with, so its audio (and with it the final transcript) covers the whole request."""
+        stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms)
+        if continues is not None:
+            stt.append(continues.stt.audio())
+        for samples in self._preroll:
+            stt.append(samples)
+        self._preroll.clear()
+        self.utt = Utterance(turn_id, trace, start_ms, stt)
+        return self.utt
+
+    def feed(self, samples: np.ndarray) -> bool:
+        """A frame's audio, to the turn being heard or the pre-roll. -> whether a partial transcript is due."""
+        utt = self.utt
+        if utt is None:
+            self._preroll.append(samples)
+            return False
+        utt.feed(samples)
+        return not utt.paused and (utt.partial_task is None or utt.partial_task.done()) and utt.stt.partial_due()
+
+    def close(self, utt: Utterance) -> None:
+        """The turn is no longer being heard (ended or dropped): new audio goes to the pre-roll."""
+        if self.utt is utt:
+            self.utt = None
+
+    async def partial(self, utt: Utterance) -> str | None:
+        """Re-decode the utterance so far; -> the committed text when it grew."""
+        return await utt.stt.partial()
+
+    async def ahead(self, utt: Utterance, prompt: Prompt, probe: bool) -> None:
+        """At the pause: the final decode of the audio so far (none reaches the recogniser while paused, and a
+        resume cancels this), then an engine prefill of the reply's prompt with that text, so the reply finds it
+        cached; with `probe`, the prefill also scores whether the text is a finished request."""
+        utt.ahead_start_ns = now_ns()
+        try:
+            transcript = await utt.stt.final()
+            utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
+        finally:
+            utt.final_event.set()  # also when the decode failed: the finish decodes again
+        if not utt.final_text:
+            return
+        utt.prefill_start_ns = now_ns()
+        result = await self.llm.prefill(self.session_id, prompt(utt.final_text), probe_user_end=probe)
+        if isinstance(result, LlmFinish):
+            utt.prefill_done_ns, utt.prefill_result, utt.text_prob = now_ns(), result, result.end_prob
+
+    async def check(self, utt: Utterance, audio: bool, text: bool) -> tuple[float | None, float | None, float]:
+        """One end-of-turn check -> (audio model's P(complete), the text's P(end), ms it took). The audio model runs
+        on the turn's audio up to now; the text's comes from the work ahead, waited for."""
+        t0 = time.perf_counter()
+        audio_task = None
+        if audio and self.turn_model is not None:
+            audio_task = asyncio.ensure_future(asyncio.to_thread(self.turn_model.complete_prob, utt.audio()))
+        text_prob = None
+        try:
+            if text:
+                await utt.ahead_done()
+                text_prob = utt.text_prob
+            audio_prob = await audio_task if audio_task is not None else None
+        finally:
+            if audio_task is not None and not audio_task.done():
+                audio_task.cancel()
+        return audio_prob, text_prob, 1000.0 * (time.perf_counter() - t0)
+
+    async def final(self, utt: Utterance) -> str:
+        """The final transcript: from the work ahead when it ran, else decoded now."""
+        if utt.ahead is not None:
+            await utt.final_event.wait()
+        if utt.final_ns is None:  # no work ahead (or it failed): recognise now
+            transcript = await utt.stt.final()
+            utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
+        return utt.final_text

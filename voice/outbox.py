@@ -34,9 +34,10 @@ class Outbox:
         self._items: deque[Outgoing] = deque()
         self._ready = asyncio.Event()
         self._audio_room = asyncio.Semaphore(max_audio_items)
-        self._cleared: set[int] = set()
-        self._seq: dict[int, int] = {}
-        self.closed = False
+        # turns whose audio was cleared; replies run one after another, so the last few are all a late chunk can be of
+        self._cleared: deque[int] = deque(maxlen=8)
+        self._seq_turn: int | None = None  # the turn whose audio is being sent, and its next sequence number
+        self._seq = 0
 
     def send(self, kind: str, **fields: Any) -> None:
         """Queue a JSON message; never blocks (control messages are small and few)."""
@@ -51,14 +52,16 @@ class Outbox:
         if turn_id in self._cleared:  # cleared while we waited for room
             self._audio_room.release()
             return
-        seq = self._seq.get(turn_id, 0)
-        self._seq[turn_id] = seq + 1
-        self._items.append(OutAudio(turn_id, seq, pcm16, on_sent))
+        if turn_id != self._seq_turn:
+            self._seq_turn, self._seq = turn_id, 0
+        self._items.append(OutAudio(turn_id, self._seq, pcm16, on_sent))
+        self._seq += 1
         self._ready.set()
 
     def clear(self, turn_id: int, **fields: Any) -> None:
         """Drop the turn's queued audio, ignore its later audio, and send `response.audio.clear` first in line."""
-        self._cleared.add(turn_id)
+        if turn_id not in self._cleared:
+            self._cleared.append(turn_id)
         kept: deque[Outgoing] = deque()
         for item in self._items:
             if isinstance(item, OutAudio) and item.turn_id == turn_id:
@@ -68,9 +71,6 @@ class Outbox:
         kept.appendleft(OutJson({"type": "response.audio.clear", "turn_id": turn_id, **fields}))
         self._items = kept
         self._ready.set()
-
-    def is_cleared(self, turn_id: int) -> bool:
-        return turn_id in self._cleared
 
     async def get(self) -> Outgoing:
         while not self._items:

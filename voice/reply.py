@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -18,14 +17,9 @@ from voice.audio import float_to_pcm16, resample
 from voice.chunker import PhraseChunker
 from voice.outbox import Outbox
 from voice.trace import TurnTrace
+from voice.tts import Tts
 
 AUDIO_PIECE_MS = 100.0  # audio message size: small enough that a clear drops little, large enough to be cheap
-
-
-class Tts(Protocol):
-    sample_rate: int
-
-    def synthesize(self, text: str, *, rate: float = 1.0, voice: str | None = None) -> Iterator[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -34,17 +28,6 @@ class VoiceBinding:
 
     tts: Tts
     speaker: str | None = None
-
-
-@dataclass(frozen=True)
-class PersonaSpec:
-    name: str
-    system_prompt: str
-    voice: str
-    greeting: str | None = None
-    speaking_rate: float = 1.0
-    max_reply_tokens: int = 120
-    temperature: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +100,8 @@ class Reply:
     spans: list[PhraseSpan] = field(default_factory=list)
     queued_ms: float = 0.0  # reply audio handed to the outbox
     sent_ms: float = 0.0  # reply audio written to the socket
+    played_ms: float | None = None  # the client's latest playback mark for it
+    stopped: bool = False  # told to stop (its audio cleared, its task cancelled)
     _first_sent_s: float | None = None
 
     async def run(self, deltas: AsyncIterator[str]) -> None:
@@ -227,6 +212,9 @@ class Reply:
 
         return sent
 
-    def spoken(self, played_ms: float | None) -> str:
-        """What the listener heard: by the client's playback mark, else by the audio written to the socket."""
-        return spoken_text(self.spans, self.sent_ms if played_ms is None else played_ms)
+    def spoken(self, upto_ms: float | None = None) -> str:
+        """What the user heard of the first `upto_ms` of the reply; by default as far as the client's latest
+        playback mark, else as far as the audio written to the socket."""
+        if upto_ms is None:
+            upto_ms = self.sent_ms if self.played_ms is None else self.played_ms
+        return spoken_text(self.spans, upto_ms)

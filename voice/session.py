@@ -1,13 +1,15 @@
-"""One conversation per connection (DESIGN.md section 5): persona, history, at most one reply, barge-in, traces.
+"""One conversation per connection: persona, history, the user's turns and at most one reply.
 
-The socket layer feeds it 16 kHz audio and typed commands; its Listener hears the user, and it speaks through
-an Outbox. Knows nothing of sockets, JSON or config files (web/ builds its settings and stages).
+Every decision about who holds the floor is made by voice.turntaking; this is the async shell that runs what it
+asks for: the Listener hears, a Reply speaks, the LLM bridge writes. Knows nothing of sockets, JSON or config
+files (web/ builds its settings and stages). The wire protocol and trace: docs/protocol.md.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,15 +17,29 @@ from typing import Any
 import numpy as np
 
 from voice.asr import Transcriber
-from voice.listen import Utterance
-from voice.listener import SAMPLE_RATE, Listener, Overloaded
+from voice.listener import Listener, Overloaded, Utterance
 from voice.llm_bridge import LlmBridge, LlmError, LlmFinish, LlmToken
 from voice.outbox import Outbox
+from voice.reply import Reply, VoiceBinding, WorkCounter
+from voice.smart_turn import TurnModel
 from voice.trace import TurnTrace
-from voice.turn import PersonaSpec, Reply, VoiceBinding, WorkCounter
+from voice.turntaking import (
+    Action,
+    CheckTurn,
+    Correct,
+    DropAhead,
+    DropTurn,
+    EndTurn,
+    Interrupt,
+    OpenTurn,
+    StartAhead,
+    TurnPolicy,
+    TurnTaking,
+)
+from voice.turntaking import Reply as ReplyTo
 from voice.vad import Vad
 
-__all__ = ["SAMPLE_RATE", "InputError", "SessionSettings", "Stages", "Session", "LlmFailed"]
+__all__ = ["InputError", "PersonaSpec", "SessionSettings", "Stages", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
 
 # A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
@@ -45,11 +61,20 @@ class LlmFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
+class PersonaSpec:
+    name: str
+    system_prompt: str
+    voice: str
+    greeting: str | None = None
+    speaking_rate: float = 1.0
+    max_reply_tokens: int = 120
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
 class SessionSettings:
+    turns: TurnPolicy = field(default_factory=TurnPolicy)
     vad_threshold: float = 0.5
-    min_speech_ms: float = 120.0
-    hangover_ms: float = 500.0
-    barge_in_min_speech_ms: float = 200.0
     partial_interval_ms: int = 500
     budgets_ms: Mapping[str, float] = field(default_factory=dict)
     output_sample_rate: int = 22050
@@ -65,6 +90,7 @@ class Stages:
     transcriber: Transcriber
     llm: LlmBridge
     voices: Mapping[str, VoiceBinding]
+    turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
     tts_work: WorkCounter = field(default_factory=WorkCounter)
 
 
@@ -81,6 +107,8 @@ class Session:
         outbox: Outbox | None = None,
         on_trace: Callable[[TurnTrace], None] = lambda trace: None,
     ) -> None:
+        if settings.turns.uses_audio and stages.turn_model is None:
+            raise ValueError(f"turn detection {settings.turns.detection!r} needs the audio turn model")
         self.session_id = session_id
         self.stages = stages
         self.settings = settings
@@ -89,17 +117,17 @@ class Session:
         self.on_trace = on_trace
         self.persona_name, self.voice_override = self._check(persona, voice)
         self.history: list[tuple[str, str]] = []  # (role, content), what the user said and heard
-        s = settings
+        self.turns = TurnTaking(settings.turns, settings.vad_threshold)
         self.listener = Listener(
-            self, stages.make_vad, stages.transcriber, stages.llm, vad_threshold=s.vad_threshold,
-            min_speech_ms=s.min_speech_ms, hangover_ms=s.hangover_ms, barge_in_min_speech_ms=s.barge_in_min_speech_ms,
-            partial_interval_ms=s.partial_interval_ms,
+            session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
+            partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
         )  # fmt: skip
-        self._next_turn = 1
-        self._reply: Reply | None = None
+        self._reply: Reply | None = None  # the reply launched last
         self._reply_task: asyncio.Task[None] | None = None
-        self._played_ms: dict[int, float] = {}
-        self._interrupted: dict[int, tuple[Reply, int]] = {}  # turn -> (reply, history index) for late marks
+        self._interrupted: tuple[Reply, int] | None = None  # the reply interrupted last and its history index
+        self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
+        self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
+        self._exchange: tuple[int, int] | None = None  # (voice turn, history length before its user message)
         self._held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self._bg: set[asyncio.Task[Any]] = set()
         self._start_lock = asyncio.Lock()
@@ -109,9 +137,7 @@ class Session:
     @property
     def state(self) -> str:
         """listening (the user speaks) | responding (a reply runs) | idle."""
-        if self.listener.utt is not None:
-            return "listening"
-        return "responding" if self.replying() else "idle"
+        return self.turns.state
 
     # -- who speaks ----------------------------------------------------------------------------
 
@@ -142,7 +168,7 @@ class Session:
         switched = name != self.persona_name
         self.persona_name, self.voice_override = name, checked_voice
         if switched and self.persona.greeting and self.settings.greet:
-            self.spawn(self._greet_again, name)
+            self._apply(self.turns.greet())
 
     # -- inputs from the socket layer ------------------------------------------------------------
 
@@ -155,46 +181,51 @@ class Session:
 
     def text_input(self, text: str) -> int:
         """A typed user turn: skips VAD and ASR. Returns its turn id."""
-        turn_id = self.new_turn()
+        actions = self.turns.typed(text)
+        turn_id = next(a.turn_id for a in actions if isinstance(a, ReplyTo))
         trace = self.new_trace(turn_id, "text")
         trace.mark("endpoint")
-        self.spawn(self._start_reply, turn_id, text, trace)
+        self._apply(actions, typed=trace)
         return turn_id
 
     def cancel_reply(self) -> None:
-        self.interrupt()
+        self._apply(self.turns.cancel())
 
     def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
-        self._played_ms[turn_id] = played_ms
         reply = self._reply
-        if reply is not None and reply.turn_id == turn_id and reply.trace is not None:
-            reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
+        if reply is not None and reply.turn_id == turn_id:
+            reply.played_ms = played_ms
+            if reply.trace is not None:
+                reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
         held = self._held.pop(turn_id, None)
         if held is not None:
             held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
             self._send_trace(held)
-        if turn_id in self._interrupted:  # the client reports how far it got after the clear: history follows
-            old, index = self._interrupted[turn_id]
-            if index < len(self.history) and self.history[index][0] == "assistant":
-                self.history[index] = ("assistant", old.spoken(played_ms))
+        self._apply(self.turns.played(turn_id, played_ms))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Listen until cancelled; replies run beside the listen loop in the same task group."""
+        """Listen until cancelled; replies and the work on each turn run beside the listen loop."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            greeting = self.persona.greeting
-            if greeting and self.settings.greet:
-                self._launch(self._reply_for(self.new_turn(), None), self._fixed(greeting), None)
+            if self.persona.greeting and self.settings.greet:
+                self._apply(self.turns.greet())
             early, self._early = self._early, []
             for fn, args in early:
                 self.spawn(fn, *args)
-            await self.listener.run()
+            vad = await self.listener.start()
+            self.turns.listen(vad.frame_ms, float(getattr(vad, "end_lag_ms", 0.0)))
+            async for frame in self.listener.frames():
+                self._apply(self.turns.frame(frame.prob, frame.t_ms))
+                if self.listener.feed(frame.samples):
+                    utt = self.listener.utt
+                    assert utt is not None
+                    utt.partial_task = self.spawn(self._partial, utt)
 
     async def close(self) -> None:
         """Stop everything this session started, wait for it, and free its engine slot."""
-        self.interrupt()
+        self._stop_current()
         self._early.clear()
         tasks = [t for t in [*self._bg, self._reply_task] if t is not None]
         for task in tasks:
@@ -209,39 +240,21 @@ class Session:
     def replying(self) -> bool:
         return self._reply_task is not None and not self._reply_task.done()
 
-    # -- what the listener calls ------------------------------------------------------------------
-
-    def new_turn(self) -> int:
-        turn_id, self._next_turn = self._next_turn, self._next_turn + 1
-        return turn_id
-
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
         trace.info.update(input=kind, persona=self.persona_name, voice=self.voice_name)
         return trace
 
-    def messages(self, user_text: str | None = None) -> list[tuple[str, str]]:
-        msgs = [("system", self.persona.system_prompt), *self.history]
+    def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
+        """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
+        (its user message, and what was heard of its reply) the joined request replaces."""
+        history = self.history
+        if joins is not None and self._exchange is not None and self._exchange[0] == joins:
+            history = history[: self._exchange[1]]
+        msgs = [("system", self.persona.system_prompt), *history]
         if user_text is not None:
             msgs.append(("user", user_text))
         return msgs
-
-    async def user_turn(self, utt: Utterance) -> None:
-        """A heard turn with its final transcript: reply to it."""
-        endpoint_ns = utt.trace.marks_ns["endpoint"]
-        utt.trace.info["ahead"] = utt.savings(endpoint_ns)  # refined once the reply's cache reuse is known
-        await self._start_reply(utt.turn_id, utt.final_text, utt.trace, utt)
-
-    def interrupt(self, t_ms: float | None = None) -> None:
-        """Barge-in or cancel: drop queued audio (the client is told to drop its own) and cancel the reply.
-        `t_ms`: for a barge-in, the audio time at which the user's speech decided it (sent with the clear)."""
-        task, reply = self._reply_task, self._reply
-        if task is None or task.done() or reply is None:
-            return
-        self.outbox.clear(reply.turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
-        if reply.trace is not None:
-            reply.trace.mark("interrupted")
-        task.cancel()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a
@@ -255,28 +268,167 @@ class Session:
         return task
 
     async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
-        """Background work (partials, recognition, turn start) fails alone, with an error to the client."""
+        """Background work (partials, recognition, checks, turn start) fails alone, with an error to the client."""
         try:
             await fn(*args)
         except (LlmFailed, OSError, RuntimeError, ValueError) as exc:
             log.warning("session %s: %r", self.session_id, exc)
             self.outbox.send("error", code="stage_failed", message=str(exc), fatal=False)
 
+    # -- running what turn-taking asks ------------------------------------------------------------
+
+    def _apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
+        for a in actions:
+            if isinstance(a, OpenTurn):
+                self._open_turn(a)
+            elif isinstance(a, StartAhead):
+                self._start_ahead(a.turn_id)
+            elif isinstance(a, DropAhead):
+                if (utt := self._hearing(a.turn_id)) is not None:
+                    utt.resume()
+            elif isinstance(a, CheckTurn):
+                self.spawn(self._check_turn, a)
+            elif isinstance(a, EndTurn):
+                self._end_turn(a)
+            elif isinstance(a, DropTurn):
+                self._drop_turn(a)
+            elif isinstance(a, Interrupt):
+                self._interrupt(a.turn_id, a.t_ms)
+            elif isinstance(a, ReplyTo):
+                utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
+                self.spawn(self._start_reply, a, typed if a.kind == "text" else utt and utt.trace, utt)
+            elif isinstance(a, Correct):
+                self._correct(a)
+
+    def _hearing(self, turn_id: int) -> Utterance | None:
+        utt = self.listener.utt
+        return utt if utt is not None and utt.turn_id == turn_id else None
+
+    def _open_turn(self, a: OpenTurn) -> None:
+        trace = self.new_trace(a.turn_id, "voice")
+        trace.mark("speech_start", self.listener.arrival_ns(a.start_ms))
+        continues = None
+        if a.joins is not None:
+            trace.info["joins"] = a.joins
+            ended = self._ended
+            if ended is not None and ended.turn_id == a.joins:
+                continues = ended
+                ended.trace.info["joined_into"] = a.turn_id
+                if self._finishing is not None and not self._finishing.done():
+                    self._finishing.cancel()  # its reply never starts: the trace goes to the log as it is
+                    self._send_trace(ended.trace)
+            self._ended = None
+        self.listener.open(a.turn_id, trace, a.start_ms, continues)
+        self.outbox.send("vad.speech_started", t_ms=round(a.start_ms, 1), **({"joins": a.joins} if a.joins else {}))
+
+    def _start_ahead(self, turn_id: int) -> None:
+        utt = self._hearing(turn_id)
+        if utt is None:
+            return
+        utt.pause()
+        joins = utt.trace.info.get("joins")
+        utt.ahead = self.spawn(self.listener.ahead, utt, lambda text: self.messages(text, joins), self.settings.turns.uses_text)
+
+    async def _check_turn(self, a: CheckTurn) -> None:
+        utt = self._hearing(a.turn_id)
+        if utt is None:
+            return
+        policy = self.settings.turns
+        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, policy.uses_text)
+        self._apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
+
+    def _end_turn(self, a: EndTurn) -> None:
+        utt = self._hearing(a.turn_id)
+        if utt is None:
+            return
+        self.listener.close(utt)
+        trace = utt.trace
+        # the last voiced sample lies just before speech_end_ms; the message that carried it arrived at:
+        trace.mark("speech_end", self.listener.arrival_ns(a.speech_end_ms - 0.001))
+        trace.mark("endpoint")
+        trace.info["turn"] = {"end": a.reason, "checks": [c.to_dict() for c in a.checks]}
+        self.outbox.send("vad.speech_ended", t_ms=round(a.speech_end_ms, 1))
+        self._ended = utt
+        self._finishing = self.spawn(self._finish_turn, utt)
+
+    def _drop_turn(self, a: DropTurn) -> None:
+        utt = self._hearing(a.turn_id)
+        if utt is not None:
+            self.listener.close(utt)
+            utt.discard()
+        self.outbox.send("vad.speech_ended", t_ms=round(a.speech_end_ms, 1))
+
+    async def _partial(self, utt: Utterance) -> None:
+        text = await self.listener.partial(utt)
+        if text is not None and utt is self.listener.utt:
+            self.outbox.send("transcript.partial", turn_id=utt.turn_id, text=text)
+
+    async def _finish_turn(self, utt: Utterance) -> None:
+        """After the endpoint: the final transcript (from the pause when it ran there), then the reply."""
+        text = await self.listener.final(utt)
+        utt.trace.mark("asr_final", utt.final_ns)
+        self.outbox.send("transcript.final", turn_id=utt.turn_id, text=text)
+        actions = self.turns.heard(utt.turn_id, text)
+        if not actions:
+            utt.discard()
+            if self._ended is utt:
+                self._ended = None
+        self._apply(actions)
+
+    def _interrupt(self, turn_id: int, t_ms: float | None) -> None:
+        """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
+        that interrupts, the audio time at which it decided (sent with the clear)."""
+        task, reply = self._reply_task, self._reply
+        if task is None or task.done() or reply is None or reply.turn_id != turn_id or reply.stopped:
+            return
+        reply.stopped = True
+        self.outbox.clear(reply.turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
+        if reply.trace is not None:
+            reply.trace.mark("interrupted")
+        task.cancel()
+
+    def _stop_current(self) -> None:
+        if self._reply is not None:
+            self._interrupt(self._reply.turn_id, None)
+
+    def _correct(self, a: Correct) -> None:
+        """A playback mark that came after its reply was interrupted: the history keeps what was played."""
+        if self._interrupted is None or self._interrupted[0].turn_id != a.turn_id:
+            return
+        reply, index = self._interrupted
+        reply.played_ms = a.played_ms
+        if index < len(self.history) and self.history[index][0] == "assistant":
+            self.history[index] = ("assistant", reply.spoken())
+
     # -- replying ---------------------------------------------------------------------------------------
 
-    async def _greet_again(self, persona: str) -> None:
-        async with self._start_lock:
-            await self._stop_reply()
-            greeting = self.personas[persona].greeting
-            if greeting and persona == self.persona_name:  # not switched away again meanwhile
-                self._launch(self._reply_for(self.new_turn(), None), self._fixed(greeting), None)
-
-    async def _start_reply(self, turn_id: int, user_text: str, trace: TurnTrace, utt: Utterance | None = None) -> None:
-        async with self._start_lock:  # at most one reply: a new turn ends the one still speaking
-            await self._stop_reply()
-            messages = self.messages(user_text)
-            self.history.append(("user", user_text))
-            self._launch(self._reply_for(turn_id, trace), self._llm_deltas(messages, trace, utt), trace)
+    async def _start_reply(self, a: ReplyTo, trace: TurnTrace | None, utt: Utterance | None) -> None:
+        async with self._start_lock:  # at most one reply: the one before is stopped and waited for
+            if self.turns.replying_to != a.turn_id:
+                return  # a newer reply was asked for before this one could start
+            task = self._reply_task
+            self._stop_current()  # told to stop when this reply was asked for, unless it had not started then
+            if task is not None and not task.done():
+                await asyncio.wait([task])
+            if a.kind == "greeting":
+                greeting = self.persona.greeting
+                if not greeting:
+                    self._apply(self.turns.reply_ended(a.turn_id, interrupted=False))
+                    return
+                self._launch(self._reply_for(a.turn_id, None), self._fixed(greeting), None)
+                return
+            assert a.text is not None and trace is not None
+            joins = trace.info.get("joins")
+            messages = self.messages(a.text, joins)
+            if joins is not None and self._exchange is not None and self._exchange[0] == joins:
+                del self.history[self._exchange[1] :]  # the early reply to half of this request goes
+                self._interrupted = None
+            if a.kind == "voice":
+                self._exchange = (a.turn_id, len(self.history))
+            self.history.append(("user", a.text))
+            if utt is not None:
+                utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
+            self._launch(self._reply_for(a.turn_id, trace), self._llm_deltas(messages, trace, utt), trace)
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         binding = self.stages.voices[self.voice_name]
@@ -302,15 +454,16 @@ class Session:
             self._finish_reply(reply, trace, interrupted)
 
     def _finish_reply(self, reply: Reply, trace: TurnTrace | None, interrupted: bool) -> None:
-        spoken = reply.spoken(self._played_ms.get(reply.turn_id) if interrupted else float("inf"))
+        spoken = reply.spoken() if interrupted else reply.spoken(math.inf)
         content = spoken if interrupted else reply.text.strip()
         if content:
             self.history.append(("assistant", content))
             if interrupted:
-                self._interrupted = {reply.turn_id: (reply, len(self.history) - 1)}
+                self._interrupted = (reply, len(self.history) - 1)
         self.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken)
-        if self._reply is reply:
-            self._reply = None
+        if self._ended is not None and self._ended.turn_id == reply.turn_id:
+            self._ended = None
+        self._apply(self.turns.reply_ended(reply.turn_id, interrupted))
         if trace is not None:
             trace.mark("interrupted" if interrupted else "done")
             if interrupted or trace.has("playback_start") or not trace.has("first_audio_sent") or not self._hold(trace):
@@ -364,9 +517,3 @@ class Session:
     @staticmethod
     async def _fixed(text: str) -> AsyncIterator[str]:
         yield text
-
-    async def _stop_reply(self) -> None:
-        task = self._reply_task
-        self.interrupt()
-        if task is not None and not task.done():
-            await asyncio.wait([task])

@@ -15,8 +15,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from voice.session import Session, SessionSettings, Stages
-from voice.turn import PersonaSpec
+from voice.session import PersonaSpec, Session, SessionSettings, Stages
 from web import runtime as rt
 from web.config import AppConfig
 from web.metrics import Metrics

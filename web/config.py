@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from voice.trace import STAGES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
-TRACE_STAGES = ("endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice")
+TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
 class ConfigError(Exception):
@@ -34,8 +36,23 @@ class VadConfig(_Strict):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
-    hangover_ms: int = Field(500, ge=0)
+    turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "fixed"
+    hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
+    turn_check_ms: int = Field(200, ge=0)  # the others: the silence that starts an end-of-turn check
+    max_hangover_ms: int = Field(2000, ge=0)  # the longest silence inside one turn
+    turn_sure_prob: float = Field(0.5, gt=0.0, lt=1.0)
+    turn_unsure_prob: float = Field(0.3, gt=0.0, lt=1.0)
+    turn_audio_weight: float = Field(0.25, ge=0.0)
     barge_in_min_speech_ms: int = Field(200, ge=0)  # a cough or "uh-huh" is shorter
+    rejoin_window_ms: int = Field(1000, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "VadConfig":
+        if self.turn_unsure_prob > self.turn_sure_prob:
+            raise ValueError(f"turn_unsure_prob ({self.turn_unsure_prob}) is above turn_sure_prob ({self.turn_sure_prob})")
+        if self.turn_check_ms > self.max_hangover_ms:
+            raise ValueError(f"turn_check_ms ({self.turn_check_ms}) is above max_hangover_ms ({self.max_hangover_ms})")
+        return self
 
 
 class AsrModel(_Strict):
@@ -70,9 +87,14 @@ class VoiceConfig(_Strict):
     description: str = ""
 
 
+class TurnModelConfig(_Strict):
+    source: str = "embedded"  # Smart Turn v3 ONNX: embedded (inside the pipecat-ai wheel) or a file
+
+
 class ModelsConfig(_Strict):
     allow_downloads: bool = False
     vad: VadModel = VadModel()
+    turn: TurnModelConfig = TurnModelConfig()
     asr: AsrModel = AsrModel()
     llm: LlmConfig = LlmConfig()
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from voice.session import SessionSettings, Stages
-from voice.turn import PersonaSpec, VoiceBinding
+from voice.reply import VoiceBinding
+from voice.session import PersonaSpec, SessionSettings, Stages
+from voice.turntaking import TurnPolicy
 from voice.vad import Vad
 from web.config import AppConfig
 from web.locate import resolve
@@ -48,12 +49,19 @@ def output_sample_rate(cfg: AppConfig) -> int:
     return 22050 if any(v.backend == "piper" for v in cfg.voices.values()) else 16000
 
 
+def turn_policy(cfg: AppConfig) -> TurnPolicy:
+    v = cfg.vad
+    return TurnPolicy(
+        detection=v.turn_detection, min_speech_ms=v.min_speech_ms, hangover_ms=v.hangover_ms, turn_check_ms=v.turn_check_ms,
+        max_hangover_ms=v.max_hangover_ms, sure_prob=v.turn_sure_prob, unsure_prob=v.turn_unsure_prob,
+        audio_weight=v.turn_audio_weight, barge_in_min_speech_ms=v.barge_in_min_speech_ms, rejoin_window_ms=v.rejoin_window_ms,
+    )  # fmt: skip
+
+
 def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
     base = SessionSettings(
+        turns=turn_policy(cfg),
         vad_threshold=cfg.vad.threshold,
-        min_speech_ms=float(cfg.vad.min_speech_ms),
-        hangover_ms=float(cfg.vad.hangover_ms),
-        barge_in_min_speech_ms=float(cfg.vad.barge_in_min_speech_ms),
         partial_interval_ms=cfg.asr.partial_interval_ms,
         budgets_ms=dict(cfg.budgets_ms),
         output_sample_rate=output_sample_rate(cfg),
@@ -136,7 +144,15 @@ def load(cfg: AppConfig) -> Runtime:
     voices = _voices(cfg, output_sample_rate(cfg))
     times["tts"] = time.perf_counter() - t0
 
-    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=LlmBridge(engine), voices=voices)
+    turn_model = None
+    if cfg.vad.turn_detection in ("smart_turn", "combined"):
+        from voice.smart_turn import SmartTurn
+
+        t0 = time.perf_counter()
+        turn_model = SmartTurn(resolve("turn", cfg.models.turn.source, allow_downloads=allow))
+        times["turn"] = time.perf_counter() - t0
+
+    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=LlmBridge(engine), voices=voices, turn_model=turn_model)
     return Runtime(stages=stages, engine=engine, load_s=times)
 
 
@@ -150,6 +166,8 @@ def warm(runtime: Runtime) -> None:
     stream = runtime.engine.submit(_warm_request())
     for _ in stream:
         pass
+    if stages.turn_model is not None:
+        stages.turn_model.complete_prob(np.zeros(16000, dtype=np.float32))
     runtime.engine.release("__warmup__")
     seen: set[int] = set()
     for binding in stages.voices.values():
@@ -175,4 +193,5 @@ def load_and_warm(cfg: AppConfig) -> Runtime:
 def _warm_request() -> Any:
     from llm_engine.engine import ChatMessage, GenerateRequest, SamplingParams
 
-    return GenerateRequest("__warmup__", (ChatMessage("user", "Hi"),), SamplingParams(max_new_tokens=2))
+    # the end-of-turn probe reads the vocabulary once: here, not in the first user's turn
+    return GenerateRequest("__warmup__", (ChatMessage("user", "Hi"),), SamplingParams(max_new_tokens=2), probe_user_end=True)

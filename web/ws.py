@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from voice.audio import pcm16_to_float, resample
+from voice.audio import SAMPLE_RATE, pcm16_to_float, resample
 from voice.outbox import OutAudio, Outbox
-from voice.session import SAMPLE_RATE, InputError, Session
+from voice.session import InputError, Session
 from voice.trace import TurnTrace, now_ns
 from web import protocol as P
 

@@ -213,11 +213,12 @@ def test_a_compile_error_is_reported_with_the_compiler_output(tmp_path, monkeypa
 
 
 def test_the_library_shares_torchs_openmp_runtime() -> None:
-    """Two libgomp copies would mean two thread pools fighting over two cores (see llm_engine.threads)."""
+    """Two libgomp copies would mean two thread pools fighting over two cores (see llm_engine.threads). CTranslate2
+    (the recogniser) carries its own copy, loaded when an earlier test in this process used it: not ours to count."""
     build.load()
     maps = open("/proc/self/maps").read()
-    gomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
-    assert len(gomps) == 1, gomps
+    gomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line and "ctranslate2" not in line}
+    assert len(gomps) == 1 and "torch" in next(iter(gomps)), gomps
 
 
 @pytest.fixture(scope="module")

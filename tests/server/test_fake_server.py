@@ -16,7 +16,7 @@ from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeVad, quiet, tone
 from server_config import write_test_config
 from voice.llm_bridge import LlmBridge
 from voice.session import Stages
-from voice.turn import VoiceBinding
+from voice.reply import VoiceBinding
 from web import runtime as rt
 from web.app import create_app
 from web.config import load_config

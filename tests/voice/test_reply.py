@@ -1,7 +1,7 @@
 """Mapping played audio back to the words heard (what barge-in keeps in history)."""
 from __future__ import annotations
 
-from voice.turn import PhraseSpan, spoken_text
+from voice.reply import PhraseSpan, spoken_text
 
 SIX = "One two three four five six."  # 28 characters, 900 ms when finished
 

@@ -115,19 +115,20 @@ async def test_ahead_of_endpoint_recognition_and_prefill_are_reused() -> None:
         assert len(h.of("transcript.final")) == 1
 
 
-async def test_prefill_starts_beside_the_final_decode_and_the_reply_does_not_wait_for_it() -> None:
-    # a final decode (0.3 s) and a prefill (1.5 s) both longer than what is left of the hangover
+async def test_the_ahead_prefill_is_of_the_final_transcript_and_the_reply_does_not_wait_for_it() -> None:
+    # a final decode (0.3 s) inside the 500 ms hangover (fed at about real time), then a prefill (1.5 s) that outlasts it
     engine = FakeEngine(prefill_s=1.5)
     async with Harness(engine=engine, transcriber=FakeTranscriber(delay_s=0.3)) as h:
         await h.feed(tone(1600), pause_s=0.02)
-        await h.feed(quiet(700), pause_s=0.005)
+        await h.feed(quiet(700), pause_s=0.02)
         trace = await h.wait_for("turn.trace", timeout_s=30)
         prefill, real = engine.requests
-        assert prefill.sampling.max_new_tokens == 0 and prefill.messages[-1].content == "what is the weather like today"
-        asr_final_ns = h.traces[0].marks_ns["asr_final"]
+        assert prefill.sampling.max_new_tokens == 0 and prefill.messages == real.messages
+        assert prefill.messages[-1].content == "what is the weather like today"
+        marks = h.traces[0].marks_ns
         prefill_submit_ns, real_submit_ns = engine.submitted_ns
         prefill_done_ns = engine.prefilled_ns[0]
-        assert prefill_submit_ns < asr_final_ns  # started at the pause, not after the final decode
+        assert marks["asr_final"] <= prefill_submit_ns  # of the final text, as soon as it is known
         assert real_submit_ns < prefill_done_ns  # the reply's request queued behind it, nothing waited for it
         assert trace["llm"]["reused_tokens"] > 0 and trace["llm"]["queue_ms"] > 0
         ahead = trace["ahead"]
@@ -137,11 +138,11 @@ async def test_prefill_starts_beside_the_final_decode_and_the_reply_does_not_wai
 
 
 async def test_savings_count_only_the_prefill_tokens_the_reply_reused() -> None:
-    from voice.listen import Utterance
+    from voice.listener import Utterance
     from voice.llm_bridge import LlmFinish
     from voice.trace import TurnTrace
 
-    utt = Utterance(1, TurnTrace(1), 0.0, stt=None, during_reply=False)  # type: ignore[arg-type]
+    utt = Utterance(1, TurnTrace(1), 0.0, stt=None)  # type: ignore[arg-type]
     ms = 1_000_000
     utt.ahead_start_ns, utt.final_ns = 100 * ms, 400 * ms
     # the ahead prefill found 10 tokens cached, computed 40 more in 80 ms, ending at 300 ms

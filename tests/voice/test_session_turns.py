@@ -1,0 +1,109 @@
+"""End-of-turn detection and the safety net, run by a Session on fakes: which turn ends when, what the trace
+records, and what the history keeps. Waits for events, never for time."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fakes import PERSONAS, FakeEngine, FakeTranscriber, FakeTurnModel, Harness, quiet, tone
+from voice.session import Session
+from voice.turntaking import TurnPolicy
+
+pytestmark = pytest.mark.timeout(60)
+
+HALF, WHOLE = "can you tell me the capital of", "can you tell me the capital of australia"
+
+
+def ended(h: Harness) -> bool:
+    return bool(h.of("vad.speech_ended"))
+
+
+async def test_text_detection_ends_a_finished_request_at_its_check_with_the_prompt_already_cached() -> None:
+    async with Harness(turns=TurnPolicy(detection="text")) as h:
+        await h.feed(tone(800))
+        await h.feed(quiet(2500), until=lambda: ended(h))
+        trace = await h.wait_for("turn.trace")
+        turn = trace["turn"]
+        assert turn["end"] == "complete"
+        (check,) = turn["checks"]
+        assert check["decision"] == "end" and check["text_prob"] == 0.9 and check["audio_prob"] is None
+        assert check["silence_ms"] >= 200.0 and check["wait_ms"] == 200.0
+        probe, reply = h.engine.requests
+        assert probe.probe_user_end and probe.sampling.max_new_tokens == 0 and probe.messages == reply.messages
+        assert not reply.probe_user_end and trace["llm"]["prefill_tokens"] == 0  # the whole prompt came from the cache
+
+
+async def test_a_pause_after_a_half_sentence_keeps_one_turn() -> None:
+    transcriber = FakeTranscriber(by_length=[(100.0, HALF), (1500.0, WHOLE)])
+    engine = FakeEngine(end_probs={HALF: 1e-4, WHOLE: 0.9})
+    async with Harness(transcriber=transcriber, engine=engine, turns=TurnPolicy(detection="text")) as h:
+        await h.feed(tone(800))
+        await h.feed(quiet(700))
+        await h.feed(tone(500))
+        await h.feed(quiet(2500), until=lambda: ended(h))
+        trace = await h.wait_for("turn.trace")
+        assert len(h.of("vad.speech_started")) == 1 and [m["text"] for m in h.of("transcript.final")] == [WHOLE]
+        assert [c["decision"] for c in trace["turn"]["checks"]] == ["wait", "end"]
+        assert [c["text_prob"] for c in trace["turn"]["checks"]] == [1e-4, 0.9]
+        assert trace["ahead"]["discarded"] == 1
+        assert h.session.history[0] == ("user", WHOLE)
+
+
+async def test_speech_soon_after_an_early_endpoint_joins_the_request_and_only_the_whole_is_answered() -> None:
+    first, whole = "turn off the lights", "turn off the lights in the kitchen"
+    transcriber = FakeTranscriber(by_length=[(100.0, first), (1100.0, whole)])
+    long_reply = ("Okay, I will do that for you right now. " * 2).split()
+    engine = FakeEngine(reply_words=long_reply, end_probs={first: 0.9, whole: 0.9})
+    async with Harness(transcriber=transcriber, engine=engine, turns=TurnPolicy(detection="text", rejoin_window_ms=1000)) as h:
+        await h.feed(tone(700))
+        await h.feed(quiet(2500), until=lambda: bool(h.of("audio")), pause_s=0.02)  # the early reply starts playing
+        early = h.of("audio")[0]["turn_id"]
+        await h.feed(tone(500))  # "... in the kitchen"
+        await h.feed(quiet(2500), until=lambda: len(h.of("vad.speech_ended")) == 2, pause_s=0.02)
+        trace = await h.wait_for("turn.trace", 2)
+        started = h.of("vad.speech_started")
+        assert len(started) == 2 and started[1]["joins"] == early
+        assert [m["turn_id"] for m in h.of("response.audio.clear")] == [early]
+        done_early = h.of("response.done")[0]
+        assert done_early["turn_id"] == early and done_early["interrupted"]
+        assert h.of("transcript.final")[-1]["text"] == whole and transcriber.calls_ms[-1] >= 1200.0  # both stretches of speech
+        await h.wait_for("response.done", 2)
+        late = h.of("response.done")[1]
+        assert not late["interrupted"] and late["turn_id"] == trace["turn_id"]
+        assert h.session.history == [("user", whole), ("assistant", late["text"])]  # one user turn: the whole request
+        assert trace["joins"] == early and trace["turn"]["end"] == "complete"
+        joined = next(t for t in h.traces if t.turn_id == early)
+        assert joined.info["joined_into"] == trace["turn_id"]
+        # the reply's prompt: the system prompt and the whole request, nothing of the early exchange
+        assert [m.content for m in h.engine.requests[-1].messages][1:] == [whole]
+
+
+async def test_smart_turn_detection_asks_the_audio_model_with_the_turns_audio() -> None:
+    model = FakeTurnModel(prob=0.95)
+    async with Harness(turn_model=model, turns=TurnPolicy(detection="smart_turn")) as h:
+        await h.feed(quiet(300))
+        await h.feed(tone(800))
+        await h.feed(quiet(2500), until=lambda: ended(h))
+        trace = await h.wait_for("turn.trace")
+        (check,) = trace["turn"]["checks"]
+        assert trace["turn"]["end"] == "complete" and check["audio_prob"] == 0.95 and check["text_prob"] is None
+        assert 800.0 + 200.0 <= model.calls_ms[0] <= 800.0 + 220.0 + 300.0  # the speech, the silence so far, the pre-roll
+        assert not any(r.probe_user_end for r in h.engine.requests)
+
+
+async def test_an_unsure_audio_model_waits_for_the_longest_hangover() -> None:
+    policy = TurnPolicy(detection="smart_turn", max_hangover_ms=800)
+    async with Harness(turn_model=FakeTurnModel(prob=0.05), turns=policy) as h:
+        await h.feed(tone(600))
+        at_ms = await h.feed(quiet(2500), until=lambda: ended(h))
+        trace = await h.wait_for("turn.trace")
+        assert trace["turn"]["end"] == "max_hangover" and trace["turn"]["checks"][0]["decision"] == "wait"
+        assert at_ms is not None and at_ms >= 600.0 + 800.0  # no earlier than the longest hangover, in audio time
+
+
+def test_a_detection_that_needs_the_audio_model_refuses_a_session_without_it() -> None:
+    h = Harness()
+    settings = dataclasses.replace(h.settings, turns=TurnPolicy(detection="combined"))
+    with pytest.raises(ValueError, match="audio turn model"):
+        Session("s2", h.stages, settings, PERSONAS, "assistant")
