@@ -66,3 +66,46 @@ def test_wer_normalisation():
     assert corpus.wer("Set a timer for 10 minutes.", "set a timer for ten minutes") == 0.0
     assert corpus.wer("Wake me at 7:00.", "wake me at seven") == 0.0
     assert corpus.wer(["a b c d", "e f"], ["a b x d", ""]) == pytest.approx(3 / 6)
+
+
+def test_the_fitted_window_hears_the_corpus_as_well_as_the_full_one(tiny_transcriber, corpus_piper_fixed, corpus_flite):
+    """A spoken request encoded over a window fitted to it (voice.asr.FIT_MIN_FRAMES) against Whisper's 30 s one,
+    on the same clips: about as good over the corpus, and the fitted path really ran (a decode that starts over
+    is cut where it repeats, not redone)."""
+    from voice.asr import WhisperTranscriber
+    from web.locate import find_embedded
+
+    full = WhisperTranscriber(find_embedded("asr"), compute_type="int8_float32", fitted_window=False)
+    clips = [np.concatenate([corpus.silence(200), a, corpus.silence(100)]) for a in [*corpus_piper_fixed, *corpus_flite]]
+    refs = corpus.REQUESTS * 2
+    fell_back: list[int] = []
+    decode_full = tiny_transcriber._decode_full
+    tiny_transcriber._decode_full = lambda audio: fell_back.append(len(audio)) or decode_full(audio)
+    try:
+        fitted = [tiny_transcriber.transcribe(a).text for a in clips]
+    finally:
+        tiny_transcriber._decode_full = decode_full
+    whole = [full.transcribe(a).text for a in clips]
+    print(f"\nWER fitted {corpus.wer(refs, fitted):.4f}, full window {corpus.wer(refs, whole):.4f}")
+    assert fell_back == []
+    assert corpus.wer(refs, fitted) <= corpus.wer(refs, whole) + 0.02
+
+
+def test_a_decode_that_starts_over_is_cut_and_long_audio_goes_to_the_full_window(tiny_transcriber, corpus_piper_fixed):
+    from voice.asr import cut_repeat
+
+    assert cut_repeat("What is the capital of France? What is the capital of France?") == "What is the capital of France?"
+    assert cut_repeat("Tell me a joke about cats Tell me a joke about cats Tell me a") == "Tell me a joke about cats"
+    assert cut_repeat("Set a timer for 10 minutes for 10 minutes for 10") == "Set a timer for 10 minutes"
+    for said in ("very very very good", "no, no, no, no to that", "Tell me a joke about cats."):
+        assert cut_repeat(said) == said
+    long_audio = np.concatenate(corpus_piper_fixed)  # ~40 s: more than a fitted window holds
+    assert len(long_audio) > 30 * 16000 and tiny_transcriber._decode_fitted(long_audio) is None
+    full_calls: list[int] = []
+    decode_full = tiny_transcriber._decode_full
+    tiny_transcriber._decode_full = lambda audio: full_calls.append(len(audio)) or decode_full(audio)
+    try:
+        text = tiny_transcriber.transcribe(long_audio).text
+    finally:
+        tiny_transcriber._decode_full = decode_full
+    assert full_calls == [len(long_audio)] and text.startswith("What is the weather like today?")
