@@ -48,8 +48,9 @@ EventCallback = Callable[[Event], None]
 class EngineStream:
     """The caller's handle on one request: iterate events (blocking) or cancel."""
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: "Engine", job_id: int) -> None:
         self._engine = engine
+        self.job_id = job_id
         self._events: queue.Queue[Event] = queue.Queue()
         self.cancelled = threading.Event()
 
@@ -64,6 +65,10 @@ class EngineStream:
         """Checked before every unit of work, so it takes effect within one decode step."""
         self.cancelled.set()
         self._engine._wake()
+
+    def hold(self, on: bool = True) -> None:
+        """Pause (or resume) this request's steps; it keeps its slot and its place (BatchScheduler.hold)."""
+        self._engine._inbox.put(_Hold(self.job_id, on))
 
     def collect(self) -> tuple[list[int], str, Event]:
         """Convenience: drain the stream -> (token ids, text, the final Finish/Error event)."""
@@ -90,6 +95,12 @@ class _Job:
 @dataclass(frozen=True)
 class _Release:
     session_id: str
+
+
+@dataclass(frozen=True)
+class _Hold:
+    job_id: int
+    on: bool
 
 
 class Engine:
@@ -201,9 +212,10 @@ class Engine:
         self._thread = None
 
     def submit(self, req: GenerateRequest, on_event: EventCallback | None = None) -> EngineStream:
-        stream = EngineStream(self)
+        job_id = next(self._ids)
+        stream = EngineStream(self, job_id)
         gen = Generation(req, self.tokenizer, time.perf_counter(), self.device)
-        self._inbox.put(_Job(next(self._ids), req, stream, on_event, gen))
+        self._inbox.put(_Job(job_id, req, stream, on_event, gen))
         return stream
 
     @property
@@ -245,7 +257,7 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping:
                 # Block only when nothing can run; otherwise just pick up what arrived.
-                self._iterate(block=not self.scheduler.running())
+                self._iterate(block=not self.scheduler.runnable())
             for job in list(self._jobs.values()):
                 self._emit(job, job.gen.cancel())
 
@@ -282,6 +294,9 @@ class Engine:
             with self._lock:
                 self.slots.release(msg.session_id)
                 self._releasing.discard(msg.session_id)
+        elif isinstance(msg, _Hold):
+            if msg.job_id in self._jobs:
+                self.scheduler.hold(msg.job_id, msg.on)
         elif msg == "stop":
             self._stopping = True
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepPlan:
-    prefill: int | None  # the job whose next prompt chunk runs this step: the earliest admitted one
+    prefill: int | None  # the job whose next prompt chunk runs this step: the earliest admitted one not held
     prefill_tokens: int  # at most this many prompt tokens in that chunk
-    decode: tuple[int, ...]  # every job past its prefill, decoded together in one batched forward
+    decode: tuple[int, ...]  # every job past its prefill and not held, decoded together in one batched forward
 
 
 class BatchScheduler:
@@ -33,6 +33,7 @@ class BatchScheduler:
         self._queued: deque[int] = deque()
         self._prefilling: list[int] = []  # admission order
         self._decoding: list[int] = []  # order they finished prefill
+        self._held: set[int] = set()  # keep their place and slot but sit steps out (their caller asked)
 
     def enqueue(self, job_id: int) -> None:
         self._queued.append(job_id)
@@ -43,6 +44,18 @@ class BatchScheduler:
 
     def running(self) -> list[int]:
         return self._prefilling + self._decoding
+
+    def runnable(self) -> bool:
+        """Whether a step has work: a running job that is not held."""
+        return any(j not in self._held for j in self._prefilling + self._decoding)
+
+    def hold(self, job_id: int, on: bool) -> None:
+        """A held job keeps its slot and place but runs no step until released (e.g. while its caller synthesises
+        the first phrase: the cores go to what the user is waiting for)."""
+        if on and job_id in (*self._queued, *self._prefilling, *self._decoding):
+            self._held.add(job_id)
+        else:
+            self._held.discard(job_id)
 
     def decoding(self) -> list[int]:
         return list(self._decoding)
@@ -63,12 +76,14 @@ class BatchScheduler:
         self._decoding.append(job_id)
 
     def remove(self, job_id: int) -> None:
+        self._held.discard(job_id)
         for group in (self._queued, self._prefilling, self._decoding):
             if job_id in group:
                 group.remove(job_id)
                 return
 
     def plan(self) -> StepPlan:
-        prefill = self._prefilling[0] if self._prefilling else None
-        tokens = self.chunk_tokens if self._decoding else self.solo_chunk_tokens
-        return StepPlan(prefill, tokens if prefill is not None else 0, tuple(self._decoding))
+        prefill = next((j for j in self._prefilling if j not in self._held), None)
+        decode = tuple(j for j in self._decoding if j not in self._held)
+        tokens = self.chunk_tokens if decode else self.solo_chunk_tokens
+        return StepPlan(prefill, tokens if prefill is not None else 0, decode)

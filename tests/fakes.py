@@ -88,6 +88,7 @@ class FakeStream:
     def __init__(self) -> None:
         self.events: queue.Queue[object] = queue.Queue()
         self.cancelled = threading.Event()
+        self.holds: list[bool] = []  # hold(True/False) calls, in order (the fake does not pause)
 
     def __iter__(self) -> Iterator[object]:
         while True:
@@ -98,6 +99,9 @@ class FakeStream:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def hold(self, on: bool = True) -> None:
+        self.holds.append(on)
 
 
 @dataclass
@@ -271,7 +275,7 @@ class Harness:
             turn_model=turn_model,
         )
         base = dict(greet=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
-                    turns=turns or TurnPolicy())  # fmt: skip
+                    turns=turns or TurnPolicy(detection="fixed"))  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
         self.session = Session("s1", self.stages, self.settings, PERSONAS, persona, on_trace=self.traces.append)
         self.messages: list[dict[str, Any]] = []

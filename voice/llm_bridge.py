@@ -1,12 +1,13 @@
 """The one door from voice/ into llm_engine: engine events become an async iterator on the event loop.
 
-Events cross from the engine thread with loop.call_soon_threadsafe; closing or cancelling the iterator cancels
-the engine stream. It knows nothing of audio, sessions or the wire.
+Events cross from the engine thread with loop.call_soon_threadsafe; closing the call before its end cancels the
+engine stream. It knows nothing of audio, sessions or the wire.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +52,51 @@ def _translate(ev: Any) -> LlmEvent:
     raise TypeError(f"unexpected engine event {type(ev).__name__}")
 
 
+class LlmCall:
+    """One request's events as an async iterator: LlmToken... then one LlmFinish or LlmError. Closing it before the
+    end (`aclose()`, or `async with aclosing(...)` left early) cancels the request; `hold()` pauses its steps."""
+
+    def __init__(self, engine: Any, request: GenerateRequest) -> None:
+        loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def on_event(ev: Any) -> None:  # engine thread
+            try:
+                loop.call_soon_threadsafe(self._queue.put_nowait, ev)
+            except RuntimeError:  # loop already closed: the session is gone, nobody to tell
+                pass
+
+        self._stream = engine.submit(request, on_event=on_event)
+        self._finished = False
+
+    def __aiter__(self) -> "LlmCall":
+        return self
+
+    async def __anext__(self) -> LlmEvent:
+        if self._finished:
+            raise StopAsyncIteration
+        event = _translate(await self._queue.get())
+        self._finished = isinstance(event, LlmFinish | LlmError)
+        return event
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._stream.cancel()  # takes effect within one decode step on the engine thread
+
+    def hold(self, on: bool) -> None:
+        """Pause (True) or resume (False) the request's decoding: it keeps its place and its cache."""
+        if not self._finished:
+            self._stream.hold(on)
+
+
 class LlmBridge:
     """Wraps one started Engine (or anything with its submit/release/active_slots shape)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    async def generate(
+    def generate(
         self,
         session_id: str,
         messages: Sequence[tuple[str, str]],
@@ -66,36 +105,15 @@ class LlmBridge:
         temperature: float = 0.0,
         seed: int | None = None,
         probe_user_end: bool = False,
-    ) -> AsyncIterator[LlmEvent]:
-        """Yield LlmToken... then one LlmFinish or LlmError. Leaving early (break, cancel) cancels the stream."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        def on_event(ev: Any) -> None:  # engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, ev)
-            except RuntimeError:  # loop already closed: the session is gone, nobody to tell
-                pass
-
+    ) -> LlmCall:
+        """Submit a request; iterate the call for its events (in the event loop's thread)."""
         request = GenerateRequest(
             session_id=session_id,
             messages=tuple(ChatMessage(role, content) for role, content in messages),
             sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens),
             probe_user_end=probe_user_end,
         )
-        stream = self.engine.submit(request, on_event=on_event)
-        finished = False
-        try:
-            while True:
-                event = _translate(await queue.get())
-                if isinstance(event, LlmFinish | LlmError):
-                    finished = True
-                yield event
-                if finished:
-                    return
-        finally:
-            if not finished:
-                stream.cancel()  # takes effect within one decode step on the engine thread
+        return LlmCall(self.engine, request)
 
     async def prefill(
         self, session_id: str, messages: Sequence[tuple[str, str]], *, probe_user_end: bool = False
@@ -103,9 +121,10 @@ class LlmBridge:
         """Prefill only (max_new_tokens=0): warms this session's KV slot for a request with the same prefix.
         probe_user_end: the finish also carries how likely the last (user) message is complete."""
         last: LlmFinish | LlmError = LlmError("no finish event")
-        async for event in self.generate(session_id, messages, max_new_tokens=0, probe_user_end=probe_user_end):
-            if isinstance(event, LlmFinish | LlmError):
-                last = event
+        async with aclosing(self.generate(session_id, messages, max_new_tokens=0, probe_user_end=probe_user_end)) as call:
+            async for event in call:
+                if isinstance(event, LlmFinish | LlmError):
+                    last = event
         return last
 
     def release(self, session_id: str) -> None:

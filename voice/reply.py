@@ -103,13 +103,22 @@ class Reply:
     played_ms: float | None = None  # the client's latest playback mark for it
     stopped: bool = False  # told to stop (its audio cleared, its task cancelled)
     _first_sent_s: float | None = None
+    _phrases: int = 0  # phrases written
+    _hold: Callable[[bool], None] = field(default=lambda on: None, repr=False)
 
-    async def run(self, deltas: AsyncIterator[str]) -> None:
-        """Speak everything `deltas` yields. Cancelling stops generation, synthesis and queued audio."""
+    async def run(self, deltas: AsyncIterator[str], hold: Callable[[bool], None] = lambda on: None) -> None:
+        """Speak everything `deltas` yields. Cancelling stops generation, synthesis and queued audio.
+
+        `hold(True)` is called once the first phrase is written and `hold(False)` once its first audio is out:
+        the writer of `deltas` pauses meanwhile, so the synthesis the user is waiting for has the cores."""
         phrases: asyncio.Queue[str | None] = asyncio.Queue()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._write_text(deltas, phrases))
-            tg.create_task(self._speak(phrases))
+        self._hold = hold
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._write_text(deltas, phrases))
+                tg.create_task(self._speak(phrases))
+        finally:
+            hold(False)
 
     async def _write_text(self, deltas: AsyncIterator[str], phrases: asyncio.Queue[str | None]) -> None:
         chunker = PhraseChunker()
@@ -127,8 +136,11 @@ class Reply:
             phrases.put_nowait(None)
 
     def _phrase(self, phrase: str, phrases: asyncio.Queue[str | None]) -> None:
-        if self.trace is not None:
-            self.trace.mark("first_phrase")
+        if self._phrases == 0:
+            if self.trace is not None:
+                self.trace.mark("first_phrase")
+            self._hold(True)
+        self._phrases += 1
         phrases.put_nowait(phrase)
 
     async def _speak(self, phrases: asyncio.Queue[str | None]) -> None:
@@ -140,6 +152,8 @@ class Reply:
                 last = self.spans[-1]
                 chunk_ms = 1000.0 * len(chunk) / self.output_sample_rate
                 self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms + chunk_ms, complete=False)
+                if len(self.spans) == 1 and last.end_ms == 0.0:
+                    self._hold(False)  # the first audio is here: the text may go on
                 await self._send_audio(chunk)
             last = self.spans[-1]
             self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms)

@@ -238,3 +238,18 @@ def test_embedded_model_batched_equals_solo(smol_engine):
     rec.run_until_done()
     assert max(rec.batch_sizes) == 4
     assert rec.results() == solo
+
+
+def test_a_held_request_sits_steps_out_and_then_goes_on_unchanged(tiny, tokenizer, solo):
+    rec = Recorder(make_engine(tiny, tokenizer, 2))
+    a = rec.submit(*FOUR[0])
+    rec.submit(*FOUR[2])
+    rec.step(3)
+    a.hold(True)
+    before = len(rec.token_steps["a"])
+    rec.step(4)
+    assert len(rec.token_steps["a"]) == before  # no token while held; the other request went on
+    assert rec.batch_sizes[-4:] == [1, 1, 1, 1]
+    a.hold(False)
+    rec.run_until_done()
+    assert rec.results() == {"a": solo["a"], "c": solo["c"]}  # the pause changed nothing of either output

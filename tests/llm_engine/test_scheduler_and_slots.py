@@ -115,3 +115,24 @@ def test_kv_dtype_auto_halves_only_a_float32_model_on_cpu():
     assert resolve_kv_dtype("bfloat16", torch.float32, "cuda") == torch.bfloat16
     with pytest.raises(ValueError, match="kv cache dtype"):
         resolve_kv_dtype("int8", torch.float32, "cpu")
+
+
+def test_a_held_job_sits_steps_out_and_keeps_its_place():
+    s = BatchScheduler(max_batch=3, chunk_tokens=16, solo_chunk_tokens=64)
+    for j in (1, 2, 3):
+        s.enqueue(j)
+        s.start(j)
+    s.prefill_done(1)
+    s.hold(1, True)
+    s.hold(2, True)  # held during its prompt: the next admitted prompt gets the chunk
+    assert s.plan() == StepPlan(3, 64, ()) and s.runnable()
+    s.prefill_done(3)
+    assert s.plan() == StepPlan(None, 0, (3,))
+    s.hold(3, True)
+    assert not s.runnable() and s.plan() == StepPlan(None, 0, ()) and s.running() == [2, 1, 3]
+    s.hold(1, False)
+    s.hold(2, False)
+    assert s.plan() == StepPlan(2, 16, (1,)) and s.runnable()
+    s.remove(3)
+    s.hold(3, True)  # gone: a late hold is ignored
+    assert s.plan().decode == (1,)
