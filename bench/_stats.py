@@ -9,8 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bench._client import TurnResult
+from voice.trace import STAGES as TRACE_STAGES
 
-STAGES = ("endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice")
+STAGES = tuple(TRACE_STAGES)  # the trace's own stage names, voice_to_voice last
 CLIENT_V2V = "client_v2v"  # client clock: last voiced sample sent -> first reply audio received
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from voice.asr import Transcriber
 from voice.listener import Listener, Overloaded, Utterance
-from voice.llm_bridge import LlmBridge, LlmError, LlmFinish, LlmToken
+from voice.llm_bridge import LlmBridge, LlmCall, LlmError, LlmFinish, LlmToken
 from voice.outbox import Outbox
 from voice.reply import Reply, VoiceBinding, WorkCounter
 from voice.smart_turn import TurnModel
@@ -428,7 +428,9 @@ class Session:
             self.history.append(("user", a.text))
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
-            self._launch(self._reply_for(a.turn_id, trace), self._llm_deltas(messages, trace, utt), trace)
+            call: list[LlmCall] = []  # the engine request, once the reply task has made it
+            deltas = self._llm_deltas(messages, trace, utt, call)
+            self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         binding = self.stages.voices[self.voice_name]
@@ -437,15 +439,17 @@ class Session:
             trace, self.stages.tts_work, self.settings.audio_lead_ms,
         )  # fmt: skip
 
-    def _launch(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None) -> None:
+    def _launch(
+        self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None] = lambda on: None
+    ) -> None:
         assert self._tg is not None, "session is not running"
         self._reply = reply
-        self._reply_task = self._tg.create_task(self._respond(reply, deltas, trace))
+        self._reply_task = self._tg.create_task(self._respond(reply, deltas, trace, hold))
 
-    async def _respond(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None) -> None:
+    async def _respond(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None]) -> None:
         interrupted = True  # unless the reply runs to its end
         try:
-            await reply.run(deltas)
+            await reply.run(deltas, hold)
             interrupted = False
         except* (LlmFailed, OSError, RuntimeError, ValueError) as group:  # a stage failed: this reply ends, the session lives
             log.warning("session %s turn %d failed: %r", self.session_id, reply.turn_id, group.exceptions)
@@ -493,12 +497,15 @@ class Session:
         self.outbox.send("turn.trace", **trace.to_dict())
         self.on_trace(trace)
 
-    async def _llm_deltas(self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None) -> AsyncIterator[str]:
+    async def _llm_deltas(
+        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall]
+    ) -> AsyncIterator[str]:
         persona = self.persona
         llm_start_ns = trace.mark("llm_start")
         events = self.stages.llm.generate(
             self.session_id, messages, max_new_tokens=persona.max_reply_tokens, temperature=persona.temperature
         )
+        call.append(events)
         async with aclosing(events):
             async for event in events:
                 if isinstance(event, LlmToken):

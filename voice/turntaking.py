@@ -27,12 +27,13 @@ class TurnPolicy:
     ends at once when P(complete) >= sure_prob, waits up to `max_hangover_ms` of silence when it is <=
     unsure_prob, and in between waits a silence scaled on the log-odds between the two."""
 
-    detection: str = "fixed"
+    detection: str = "text"
     min_speech_ms: float = 120.0  # voiced time before a turn starts
+    ahead_silence_ms: float = 96.0  # silence before the work ahead starts: the recogniser hears the last word's tail
     hangover_ms: float = 500.0
     turn_check_ms: float = 200.0
-    max_hangover_ms: float = 2000.0
-    sure_prob: float = 0.5
+    max_hangover_ms: float = 1500.0
+    sure_prob: float = 0.8
     unsure_prob: float = 0.3
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
     barge_in_min_speech_ms: float = 200.0  # shorter speech under a reply (a cough, "uh-huh") is no turn
@@ -43,8 +44,8 @@ class TurnPolicy:
             raise ValueError(f"turn detection must be one of {DETECTIONS}, got {self.detection!r}")
         if not 0.0 < self.unsure_prob <= self.sure_prob < 1.0:
             raise ValueError(f"need 0 < unsure_prob <= sure_prob < 1, got {self.unsure_prob}, {self.sure_prob}")
-        if not self.turn_check_ms <= self.max_hangover_ms:
-            raise ValueError("turn_check_ms must not exceed max_hangover_ms")
+        if not self.ahead_silence_ms <= self.turn_check_ms <= self.max_hangover_ms:
+            raise ValueError("need ahead_silence_ms <= turn_check_ms <= max_hangover_ms")
 
     @property
     def uses_audio(self) -> bool:
@@ -283,12 +284,8 @@ class TurnTaking:
 
     def _pause(self, t_ms: float) -> list[Action]:
         h = self._heard
-        if h is None:
-            return []
-        h.pause_ms, h.asked, h.end_after_ms = t_ms, False, None
-        if h.is_turn and not h.ahead:
-            h.ahead = True
-            return [StartAhead(h.turn_id)]
+        if h is not None:
+            h.pause_ms, h.asked, h.end_after_ms = t_ms, False, None
         return []
 
     def _resume(self) -> list[Action]:
@@ -323,15 +320,19 @@ class TurnTaking:
         silence = self._now_ms - h.pause_ms
         if not h.is_turn:
             return self._drop(h) if p.detection != "fixed" and silence >= p.turn_check_ms else []
+        out: list[Action] = []
+        if not h.ahead and silence >= p.ahead_silence_ms:
+            h.ahead = True
+            out.append(StartAhead(h.turn_id))
         if p.detection == "fixed":
-            return []
+            return out
         if not h.asked and silence >= p.turn_check_ms:
             h.asked = True
             h.check += 1
-            return [CheckTurn(h.turn_id, h.check, silence)]
+            return [*out, CheckTurn(h.turn_id, h.check, silence)]
         if h.end_after_ms is not None and silence >= h.end_after_ms:
-            return self._end(h, "complete")
-        return []
+            return [*out, *self._end(h, "complete")]
+        return out
 
     def _end(self, h: _Heard, reason: str) -> list[Action]:
         assert self._endpointer is not None

@@ -36,11 +36,12 @@ class VadConfig(_Strict):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
-    turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "fixed"
+    ahead_silence_ms: int = Field(96, ge=0)  # silence before the final recognition starts, ahead of the endpoint
+    turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "text"
     hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
     turn_check_ms: int = Field(200, ge=0)  # the others: the silence that starts an end-of-turn check
-    max_hangover_ms: int = Field(2000, ge=0)  # the longest silence inside one turn
-    turn_sure_prob: float = Field(0.5, gt=0.0, lt=1.0)
+    max_hangover_ms: int = Field(1500, ge=0)  # the longest silence inside one turn
+    turn_sure_prob: float = Field(0.8, gt=0.0, lt=1.0)
     turn_unsure_prob: float = Field(0.3, gt=0.0, lt=1.0)
     turn_audio_weight: float = Field(0.25, ge=0.0)
     barge_in_min_speech_ms: int = Field(200, ge=0)  # a cough or "uh-huh" is shorter
@@ -50,16 +51,18 @@ class VadConfig(_Strict):
     def _ordered(self) -> "VadConfig":
         if self.turn_unsure_prob > self.turn_sure_prob:
             raise ValueError(f"turn_unsure_prob ({self.turn_unsure_prob}) is above turn_sure_prob ({self.turn_sure_prob})")
-        if self.turn_check_ms > self.max_hangover_ms:
-            raise ValueError(f"turn_check_ms ({self.turn_check_ms}) is above max_hangover_ms ({self.max_hangover_ms})")
+        if not self.ahead_silence_ms <= self.turn_check_ms <= self.max_hangover_ms:
+            raise ValueError(f"need ahead_silence_ms ({self.ahead_silence_ms}) <= turn_check_ms ({self.turn_check_ms}) "
+                             f"<= max_hangover_ms ({self.max_hangover_ms})")
         return self
 
 
 class AsrModel(_Strict):
     source: str = "embedded"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
-    compute_type: str = "int8"
+    compute_type: str = "int8_float32"
     beam_size: int = Field(1, ge=1)
+    window: Literal["fit", "full"] = "fit"  # fit: encode over a window fitted to the utterance (voice.asr)
 
 
 class AsrConfig(_Strict):

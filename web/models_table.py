@@ -39,6 +39,8 @@ def model_rows(cfg: AppConfig) -> list[ModelRow]:
         rows.append(_row("vad", m.vad.source, allow))
     else:
         rows.append(ModelRow("vad", "webrtc", "(built into webrtcvad)", 0, True, ""))
+    if cfg.vad.turn_detection in ("smart_turn", "combined"):
+        rows.append(_row("turn", m.turn.source, allow))
     rows.append(_row("asr", m.asr.source, allow))
     rows.append(_row("llm", m.llm.source, allow))
     for name, voice in cfg.voices.items():

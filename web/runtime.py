@@ -52,7 +52,7 @@ def output_sample_rate(cfg: AppConfig) -> int:
 def turn_policy(cfg: AppConfig) -> TurnPolicy:
     v = cfg.vad
     return TurnPolicy(
-        detection=v.turn_detection, min_speech_ms=v.min_speech_ms, hangover_ms=v.hangover_ms, turn_check_ms=v.turn_check_ms,
+        detection=v.turn_detection, min_speech_ms=v.min_speech_ms, ahead_silence_ms=v.ahead_silence_ms, hangover_ms=v.hangover_ms, turn_check_ms=v.turn_check_ms,
         max_hangover_ms=v.max_hangover_ms, sure_prob=v.turn_sure_prob, unsure_prob=v.turn_unsure_prob,
         audio_weight=v.turn_audio_weight, barge_in_min_speech_ms=v.barge_in_min_speech_ms, rejoin_window_ms=v.rejoin_window_ms,
     )  # fmt: skip
@@ -118,7 +118,8 @@ def load(cfg: AppConfig) -> Runtime:
     t0 = time.perf_counter()
     a = cfg.models.asr
     transcriber = WhisperTranscriber(
-        str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type, beam_size=a.beam_size
+        str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type, beam_size=a.beam_size,
+        fitted_window=a.window == "fit",
     )
     times["asr"] = time.perf_counter() - t0
 

@@ -72,7 +72,7 @@ def test_fixed_detection_ends_a_turn_after_the_hangover_with_ahead_work_at_the_p
     end = s.silent_until(EndTurn)
     opened, ahead = s.of(OpenTurn)[0], s.of(StartAhead)[0]
     assert opened == OpenTurn(1, 200.0, during_reply=False) and s.at(opened) == 320.0  # 120 ms of voice qualifies
-    assert ahead == StartAhead(1) and s.at(ahead) == 820.0  # the first silent frame
+    assert ahead == StartAhead(1) and s.at(ahead) == 900.0  # 100 ms into the silence: the ahead_silence_ms (96) is past
     assert end == EndTurn(1, 800.0, "silence", (), None) and s.at(end) == 1300.0
     assert s.of(CheckTurn) == [] and s.core.state == "idle"
 
@@ -119,7 +119,7 @@ def test_a_middling_probability_waits_a_scaled_silence() -> None:
     assert policy.wait_ms(0.6) == 200.0 and policy.wait_ms(0.2) == 2000.0 and policy.wait_ms(None) == 2000.0
     mid = policy.wait_ms(0.4)
     assert 200.0 < mid < 2000.0 and policy.wait_ms(0.3) > mid > policy.wait_ms(0.5)
-    s = Script(detection="text", sure_prob=0.6, unsure_prob=0.2)
+    s = Script(detection="text", sure_prob=0.6, unsure_prob=0.2, max_hangover_ms=2000)
     s.speak(500)
     check = s.silent_until(CheckTurn)
     text_prob = 0.4 * TEXT_EVEN_ODDS / 0.6  # complete_prob 0.4
