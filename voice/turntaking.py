@@ -29,9 +29,9 @@ class TurnPolicy:
 
     detection: str = "text"
     min_speech_ms: float = 120.0  # voiced time before a turn starts
-    ahead_silence_ms: float = 96.0  # silence before the work ahead starts: the recogniser hears the last word's tail
+    ahead_silence_ms: float = 64.0  # silence before the work ahead starts: the recogniser hears the last word's tail
     hangover_ms: float = 500.0
-    turn_check_ms: float = 200.0
+    turn_check_ms: float = 160.0
     max_hangover_ms: float = 1500.0
     sure_prob: float = 0.8
     unsure_prob: float = 0.3

@@ -77,3 +77,23 @@ def test_llm_table_tiny() -> None:
     assert lines[at + 1].split() == ["20", "60"]
     for row, cache in ((lines[at + 2], "float32 KV cache"), (lines[at + 3], "float16 KV cache")):
         assert cache in row and all(float(r) > 0 for r in row.split()[-2:]), row
+
+
+def test_turns_tiny(tmp_path: Path) -> None:
+    """bench/turns.py on two paused and two whole requests: one row per detector, each clip accounted for."""
+    out = tmp_path / "turns.json"
+    proc = run_script("turns.py", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert list(result["detectors"]) == ["fixed", "smart_turn", "text", "combined"]
+    for name, det in result["detectors"].items():
+        assert (det["paused"], det["whole"]) == (2, 2) and len(det["clips"]) == 4
+        assert det["split"] <= det["cut_early"] <= det["paused"]
+        for clip in det["clips"]:
+            assert clip["ends"] and all(e["reason"] in ("silence", "complete", "max_hangover") for e in clip["ends"])
+            if name == "fixed":
+                assert clip["delay_ms"] >= result["policy"]["hangover_ms"]  # audio time: no fixed endpoint comes sooner
+            else:
+                assert all(ch["decision"] in ("end", "wait", "stale") for e in clip["ends"] for ch in e["checks"])
+    assert result["detectors"]["fixed"]["checks"] == 0 and result["detectors"]["text"]["checks"] > 0
+    assert "End-of-turn detectors" in proc.stdout

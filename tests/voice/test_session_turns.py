@@ -28,7 +28,8 @@ async def test_text_detection_ends_a_finished_request_at_its_check_with_the_prom
         assert turn["end"] == "complete"
         (check,) = turn["checks"]
         assert check["decision"] == "end" and check["text_prob"] == 0.9 and check["audio_prob"] is None
-        assert check["silence_ms"] >= 200.0 and check["wait_ms"] == 200.0
+        policy = h.settings.turns
+        assert check["silence_ms"] >= policy.turn_check_ms and check["wait_ms"] == policy.turn_check_ms
         probe, reply = h.engine.requests
         assert probe.probe_user_end and probe.sampling.max_new_tokens == 0 and probe.messages == reply.messages
         assert not reply.probe_user_end and trace["llm"]["prefill_tokens"] == 0  # the whole prompt came from the cache

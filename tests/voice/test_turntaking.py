@@ -67,7 +67,7 @@ class Script:
 
 
 def test_fixed_detection_ends_a_turn_after_the_hangover_with_ahead_work_at_the_pause() -> None:
-    s = Script(detection="fixed", hangover_ms=500)
+    s = Script(detection="fixed", hangover_ms=500, ahead_silence_ms=96)
     s.silent(200).speak(600)
     end = s.silent_until(EndTurn)
     opened, ahead = s.of(OpenTurn)[0], s.of(StartAhead)[0]
@@ -78,7 +78,7 @@ def test_fixed_detection_ends_a_turn_after_the_hangover_with_ahead_work_at_the_p
 
 
 def test_a_check_that_says_complete_ends_the_turn_at_once() -> None:
-    s = Script(detection="text")
+    s = Script(detection="text", turn_check_ms=200)
     s.speak(800)
     check = s.silent_until(CheckTurn)
     assert check == CheckTurn(1, 1, silence_ms=200.0) and s.at(check) == 1000.0
@@ -119,7 +119,7 @@ def test_a_middling_probability_waits_a_scaled_silence() -> None:
     assert policy.wait_ms(0.6) == 200.0 and policy.wait_ms(0.2) == 2000.0 and policy.wait_ms(None) == 2000.0
     mid = policy.wait_ms(0.4)
     assert 200.0 < mid < 2000.0 and policy.wait_ms(0.3) > mid > policy.wait_ms(0.5)
-    s = Script(detection="text", sure_prob=0.6, unsure_prob=0.2, max_hangover_ms=2000)
+    s = Script(detection="text", sure_prob=0.6, unsure_prob=0.2, turn_check_ms=200, max_hangover_ms=2000)
     s.speak(500)
     check = s.silent_until(CheckTurn)
     text_prob = 0.4 * TEXT_EVEN_ODDS / 0.6  # complete_prob 0.4

@@ -33,6 +33,7 @@ let awaitingSince = 0;
 let pendingTyped = null; // {text, at} until the server names the turn
 let lastVoicedAt = null; // page clock of the last voiced mic frame sent
 let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
+let joining = null; // the earlier turn whose request the speech being heard continues (vad.speech_started joins)
 const speech = new SpeechRun();
 let pendingCut = null; // {turnId, speechAt, heldAt}: playback paused on speech, not yet final
 let lastMarkAt = 0;
@@ -128,8 +129,9 @@ const handlers = {
     stats.persona = msg.persona ?? stats.persona;
     stats.voice = msg.voice ?? stats.voice;
   },
-  "vad.speech_started"() {
+  "vad.speech_started"(msg) {
     hearing = true;
+    joining = msg.joins ?? null;
     if (!$("partial").textContent) ui.setPartial("…");
   },
   "vad.speech_ended"() {
@@ -145,6 +147,10 @@ const handlers = {
     t.text = msg.text;
     if (!t.typed) t.voiceEndAt = utteranceEndAt ?? lastVoicedAt;
     ui.setPartial("");
+    if (joining !== null && msg.turn_id !== joining) {
+      conversation.drop(joining); // this turn holds the whole request now
+      joining = null;
+    }
     if (!t.typed && msg.text) conversation.bubble("user", msg.turn_id, msg.text);
     expectReply();
     hearing = false;

@@ -118,6 +118,15 @@ export class Conversation {
     if (!note.textContent || text !== " (interrupted)") note.textContent = text;
   }
 
+  // A turn whose request a later one took over (it went on speaking): its bubbles go, the later turn shows it whole.
+  drop(turnId) {
+    for (const role of ["user", "assistant"]) {
+      const key = `${this.epoch}:${role}:${turnId}`;
+      this.bubbles.get(key)?.remove();
+      this.bubbles.delete(key);
+    }
+  }
+
   // A typed turn is shown at once, before the server gives it a turn id.
   typed(text) {
     const key = `user:typed-${this.bubbles.size}`;
