@@ -274,7 +274,7 @@ class Harness:
             voices={"joe": VoiceBinding(self.tts), "kal": VoiceBinding(self.kal, "kal")},
             turn_model=turn_model,
         )
-        base = dict(greet=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
+        base = dict(greet=False, warm_prompt=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
                     turns=turns or TurnPolicy(detection="fixed"))  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
         self.session = Session("s1", self.stages, self.settings, PERSONAS, persona, on_trace=self.traces.append)

@@ -27,7 +27,7 @@ class TurnPolicy:
     ends at once when P(complete) >= sure_prob, waits up to `max_hangover_ms` of silence when it is <=
     unsure_prob, and in between waits a silence scaled on the log-odds between the two."""
 
-    detection: str = "text"
+    detection: str = "combined"
     min_speech_ms: float = 120.0  # voiced time before a turn starts
     ahead_silence_ms: float = 64.0  # silence before the work ahead starts: the recogniser hears the last word's tail
     hangover_ms: float = 500.0

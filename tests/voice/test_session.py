@@ -257,3 +257,19 @@ async def test_closing_the_session_sends_a_held_trace_to_the_log(monkeypatch: py
         await h.wait_for("response.done")
         await h.session.close()
         assert len(h.traces) == 1 and "playback_start" not in h.traces[0].marks_ms()
+
+
+async def test_the_system_prompt_is_cached_before_the_first_turn_and_again_after_a_persona_switch() -> None:
+    async with Harness(warm_prompt=True) as h:
+        h.session.text_input("hello")
+        await h.wait_for("response.done")
+        warm, reply = h.engine.requests
+        assert [m.role for m in warm.messages] == ["system"] and warm.sampling.max_new_tokens == 0
+        system_words = 1 + len(PERSONAS["assistant"].system_prompt.split())
+        assert h.engine.finished[-1].timings.reused_tokens == system_words  # the reply found it cached
+        h.session.update(persona="concise")
+        h.session.text_input("hi")
+        await h.wait_for("response.done", 2)
+        warm_again, reply_again = h.engine.requests[2:]
+        assert [(m.role, m.content) for m in warm_again.messages] == [("system", "Be brief.")]
+        assert reply_again.messages[0].content == "Be brief." and reply_again.sampling.max_new_tokens == 3

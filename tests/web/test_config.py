@@ -51,6 +51,9 @@ def test_set_overrides_parse_yaml_values() -> None:
         ("budgets_ms.asr=-5", "budgets_ms.asr", ">= 0"),
         ("models.llm.quant=int3", "models.llm.quant", "int8"),
         ("default_persona=nobody", "default_persona", "nobody"),
+        ("vad.turn_detection=psychic", "vad.turn_detection", "combined"),
+        ("vad.turn_unsure_prob=0.9", "vad", "turn_unsure_prob (0.9) is above turn_sure_prob (0.8)"),
+        ("vad.turn_check_ms=3000", "vad", "turn_check_ms (3000) <= max_hangover_ms (1500)"),
     ],
 )
 def test_bad_values_name_file_key_and_reason(override: str, key: str, reason: str) -> None:

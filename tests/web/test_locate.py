@@ -64,13 +64,19 @@ def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch) 
         find_embedded("llm")
 
 
+def test_a_missing_turn_model_names_its_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("web.locate.package_dir", lambda package: None)
+    with pytest.raises(ModelNotFound, match=r"run: pip install --no-deps pipecat-ai==1\.14\.0"):
+        find_embedded("turn")
+
+
 def test_models_table_lists_every_stage_present(capsys: pytest.CaptureFixture[str]) -> None:
     rows = model_rows(load_config())
-    assert {r.stage.split(":")[0] for r in rows} == {"vad", "asr", "llm", "tts"}
+    assert {r.stage.split(":")[0] for r in rows} == {"vad", "turn", "asr", "llm", "tts"}
     assert all(r.present for r in rows), [r for r in rows if not r.present]
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "en_US-joe-medium.onnx" in out
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "en_US-joe-medium.onnx" in out and "smart-turn-v3.2-cpu.onnx" in out
 
 
 def test_models_table_shows_missing_with_fix() -> None:
