@@ -282,6 +282,9 @@ class Engine:
         batch = [self._jobs[j] for j in plan.decode if j in self._jobs and not self._jobs[j].stream.cancelled.is_set()]
         if batch:
             self._decode(batch)
+        # A request that waited for its session's earlier one (now retired) is admitted here, before the loop
+        # decides whether to block: otherwise it would wait for the next message to arrive.
+        self._admit()
         return plan
 
     def _handle(self, msg: object) -> None:

@@ -1,4 +1,4 @@
-"""Per-turn latency trace (DESIGN.md section 4): marks on the monotonic clock, stages, budgets.
+"""Per-turn latency trace (docs/protocol.md, Turn trace): marks on the monotonic clock, stages, budgets.
 
 Each stage calls `mark()` at its own moment; nothing is reconstructed. Knows no sockets, files or metrics.
 """

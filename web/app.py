@@ -52,6 +52,12 @@ def _session_tasks() -> int:
     return n
 
 
+def _check_stages(settings: SessionSettings, stages: Stages) -> None:
+    """Refuse to serve with stages that no session could use (found at start, not at the first connection)."""
+    if settings.turns.uses_audio and stages.turn_model is None:
+        raise RuntimeError(f"vad.turn_detection {settings.turns.detection!r} needs the turn model, and none was loaded")
+
+
 def create_app(
     cfg: AppConfig,
     *,
@@ -68,11 +74,14 @@ def create_app(
         personas=rt.personas(cfg),
         runtime=runtime,
     )
+    if runtime is not None:
+        _check_stages(state.settings, runtime.stages)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.runtime is None:
             state.runtime = await asyncio.to_thread(load or rt.load_and_warm, cfg)
+            _check_stages(state.settings, state.runtime.stages)
         try:
             yield
         finally:

@@ -94,7 +94,7 @@ class Metrics:
             head("parley_turns_total", "counter", "Finished user turns by outcome.")
             for outcome in ("done", "interrupted"):
                 lines.append(f'parley_turns_total{{outcome="{outcome}"}} {self.turns[outcome]}')
-            head("parley_stage_latency_ms", "histogram", "Per-turn stage latency in milliseconds (DESIGN.md section 4).")
+            head("parley_stage_latency_ms", "histogram", "Per-turn stage latency in milliseconds (docs/protocol.md, Turn trace).")
             for stage, h in self.stages.items():
                 cumulative = 0
                 for bound, n in zip(BUCKETS_MS, h.counts):

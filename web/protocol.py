@@ -1,4 +1,4 @@
-"""Wire protocol v1 (DESIGN.md section 3): validated client messages, server message encoding, audio header.
+"""Wire protocol v1 (docs/protocol.md): validated client messages, server message encoding, audio header.
 
 Pure: turns bytes/str into typed messages or a ProtocolError carrying an error code; knows no sockets or sessions.
 """

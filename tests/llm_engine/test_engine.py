@@ -228,3 +228,16 @@ def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_rep
     finally:
         quantized.stop()
         full.stop()
+
+
+def test_requests_queued_behind_their_sessions_running_one_all_run(smol_engine):
+    """A session's second and third requests wait for its first (they share its cache), and run as soon as it
+    ends, with nothing else arriving to wake the engine (this once left them queued forever)."""
+    msgs = [SYSTEM, ChatMessage("user", "Name a colour.")]
+    streams = [smol_engine.submit(GenerateRequest("queue", tuple(msgs), SamplingParams(max_new_tokens=n))) for n in (0, 0, 4)]
+    done = threading.Event()
+    results: list[object] = []
+    threading.Thread(target=lambda: (results.extend(s.collect()[2] for s in streams), done.set()), daemon=True).start()
+    assert done.wait(60), "a request queued behind its session's earlier one never ran"
+    assert [type(r).__name__ for r in results] == ["FinishEvent"] * 3
+    smol_engine.release("queue")

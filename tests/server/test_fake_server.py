@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeVad, quiet, tone
+from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeTurnModel, FakeVad, quiet, tone
 from server_config import write_test_config
 from voice.llm_bridge import LlmBridge
 from voice.session import Stages
@@ -33,7 +33,8 @@ def _serve(root: Path, **server: object) -> Iterator[str]:
     cfg = load_config(write_test_config(root, token=None, **server))
     engine = FakeEngine()
     tts = FakeTts(sample_rate=22050)
-    stages = Stages(FakeVad, FakeTranscriber(), LlmBridge(engine), {name: VoiceBinding(tts) for name in cfg.voices})
+    stages = Stages(FakeVad, FakeTranscriber(), LlmBridge(engine), {name: VoiceBinding(tts) for name in cfg.voices},
+                    turn_model=FakeTurnModel())  # fmt: skip
     app = create_app(cfg, runtime=rt.Runtime(stages=stages, engine=engine))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     loop: list[asyncio.AbstractEventLoop] = []
@@ -198,3 +199,15 @@ async def test_48khz_input_is_resampled_to_16khz(fake_server: str) -> None:
             await c.ws.send((audio[i : i + 960] * 32767).astype("<i2").tobytes())
         ended = await c.wait_for("vad.speech_ended")
         assert ended["t_ms"] == pytest.approx(600.0, abs=20.0)  # the server's 16 kHz clock matches the 48 kHz stream
+
+
+def test_a_detection_that_needs_the_turn_model_is_refused_at_start_without_it(tmp_path: Path) -> None:
+    cfg = load_config(write_test_config(tmp_path, token=None))
+    assert cfg.vad.turn_detection == "combined"
+    engine = FakeEngine()
+    stages = Stages(FakeVad, FakeTranscriber(), LlmBridge(engine), {name: VoiceBinding(FakeTts()) for name in cfg.voices})
+    try:
+        with pytest.raises(RuntimeError, match="needs the turn model"):
+            create_app(cfg, runtime=rt.Runtime(stages=stages, engine=engine))
+    finally:
+        engine.stop()

@@ -1,4 +1,4 @@
-"""TurnTrace: marks, stage arithmetic, budgets and the message body (DESIGN.md section 4)."""
+"""TurnTrace: marks, stage arithmetic, budgets and the message body (docs/protocol.md, Turn trace)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-// Wire protocol v1 helpers (DESIGN.md section 3): message builders, the binary audio header, stats.
+// Wire protocol v1 helpers (docs/protocol.md): message builders, the binary audio header, stats.
 // Pure functions only: no sockets, no DOM, no audio graph.
 
 export const PROTOCOL_VERSION = 1;
@@ -7,7 +7,7 @@ export const FRAME_MS = 20;
 export const FRAME_SAMPLES = (MIC_SAMPLE_RATE * FRAME_MS) / 1000; // 320 samples = 640 bytes
 export const AUDIO_HEADER_BYTES = 8;
 
-// Stage order of the turn trace (DESIGN.md section 4); the headline comes last.
+// Stage order of the turn trace (docs/protocol.md, Turn trace); the headline comes last.
 export const STAGES = ["endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"];
 
 export function sessionStart({ persona = null, voice = null } = {}) {

@@ -1,5 +1,5 @@
 // Per-turn latency waterfall: one row per turn trace, each stage a bar against its budget,
-// plus running p50/p95. Pure DOM building; knows the trace shape (DESIGN.md section 4), not the socket.
+// plus running p50/p95. Pure DOM building; knows the trace shape (docs/protocol.md, Turn trace), not the socket.
 import { STAGES, percentile } from "./protocol.js";
 
 const LABELS = {
