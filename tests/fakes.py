@@ -18,7 +18,8 @@ from voice.asr import Transcript
 from voice.llm_bridge import LlmBridge
 from voice.outbox import OutAudio
 from voice.reply import VoiceBinding
-from voice.session import PersonaSpec, Session, SessionSettings, Stages
+from voice.session import Session
+from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
 from voice.turntaking import TurnPolicy
 

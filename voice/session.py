@@ -11,17 +11,15 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from voice.asr import Transcriber
 from voice.listener import Listener, Overloaded, Utterance
-from voice.llm_bridge import LlmBridge, LlmCall, LlmError, LlmFinish, LlmToken
+from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.outbox import Outbox
-from voice.reply import Reply, VoiceBinding, WorkCounter
-from voice.smart_turn import TurnModel
+from voice.reply import Reply
+from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
 from voice.turntaking import (
     Action,
@@ -33,13 +31,11 @@ from voice.turntaking import (
     Interrupt,
     OpenTurn,
     StartAhead,
-    TurnPolicy,
     TurnTaking,
 )
 from voice.turntaking import Reply as ReplyTo
-from voice.vad import Vad
 
-__all__ = ["InputError", "PersonaSpec", "SessionSettings", "Stages", "Session", "LlmFailed"]
+__all__ = ["InputError", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
 
 # A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
@@ -58,41 +54,6 @@ class InputError(Exception):
 
 class LlmFailed(RuntimeError):
     """The engine reported an error for this request."""
-
-
-@dataclass(frozen=True)
-class PersonaSpec:
-    name: str
-    system_prompt: str
-    voice: str
-    greeting: str | None = None
-    speaking_rate: float = 1.0
-    max_reply_tokens: int = 120
-    temperature: float = 0.0
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    turns: TurnPolicy = field(default_factory=TurnPolicy)
-    vad_threshold: float = 0.5
-    partial_interval_ms: int = 500
-    budgets_ms: Mapping[str, float] = field(default_factory=dict)
-    output_sample_rate: int = 22050
-    audio_lead_ms: float = 1000.0
-    greet: bool = True  # speak the persona's greeting at start and on a persona switch
-    warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
-
-
-@dataclass(frozen=True)
-class Stages:
-    """The loaded models a session uses; built once per server and shared by all sessions."""
-
-    make_vad: Callable[[], Vad]  # VADs keep per-stream state: one per session
-    transcriber: Transcriber
-    llm: LlmBridge
-    voices: Mapping[str, VoiceBinding]
-    turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
-    tts_work: WorkCounter = field(default_factory=WorkCounter)
 
 
 class Session:
@@ -241,9 +202,6 @@ class Session:
         for turn_id in list(self._held):  # held traces whose timer never ran still reach the log
             self._send_trace(self._held.pop(turn_id))
         await asyncio.to_thread(self.stages.llm.release, self.session_id)
-
-    def replying(self) -> bool:
-        return self._reply_task is not None and not self._reply_task.done()
 
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))

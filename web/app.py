@@ -15,7 +15,8 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from voice.session import PersonaSpec, Session, SessionSettings, Stages
+from voice.session import Session
+from voice.stages import PersonaSpec, SessionSettings, Stages
 from web import runtime as rt
 from web.config import AppConfig
 from web.metrics import Metrics

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from voice.reply import VoiceBinding
-from voice.session import PersonaSpec, SessionSettings, Stages
+from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.turntaking import TurnPolicy
 from voice.vad import Vad
 from web.config import AppConfig

@@ -73,8 +73,12 @@ async def test_speech_during_reply_clears_it_within_300ms_and_history_keeps_the_
         answered = next(d["turn_id"] for d in c.of("response.done") if d["turn_id"] > turn and not d["interrupted"])
         final = c.of("transcript.final", turn_id=answered)[0]
         assert corpus.wer(INTERRUPTION, final["text"]) <= 0.3, final["text"]
-        if answered != turn + 1:
-            assert c.of("vad.speech_started")[-1].get("joins") == turn + 1, c.types()
+        chain = []  # the joins of the last speech starts: each early turn joined by the next, up to the answered one
+        for m in reversed(c.of("vad.speech_started")):
+            if m.get("joins") is None:
+                break
+            chain.insert(0, m["joins"])
+        assert chain == list(range(answered - len(chain), answered)) and answered - len(chain) > turn, (chain, answered)
         await c.wait_for("turn.trace", turn_id=answered, timeout_s=120)
     assert await _engine_idle(live_server)  # the cancelled generation does not linger in the engine
 

@@ -15,7 +15,7 @@ import uvicorn
 from fakes import FakeEngine, FakeTranscriber, FakeTts, FakeTurnModel, FakeVad, quiet, tone
 from server_config import write_test_config
 from voice.llm_bridge import LlmBridge
-from voice.session import Stages
+from voice.stages import Stages
 from voice.reply import VoiceBinding
 from web import runtime as rt
 from web.app import create_app

@@ -1,0 +1,50 @@
+"""What a session is made of: the loaded stages every session shares, the settings from the config, a persona.
+
+Frozen values built once by web/ (web.runtime) and handed to each Session; no behaviour here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from voice.asr import Transcriber
+from voice.llm_bridge import LlmBridge
+from voice.reply import VoiceBinding, WorkCounter
+from voice.smart_turn import TurnModel
+from voice.turntaking import TurnPolicy
+from voice.vad import Vad
+
+
+@dataclass(frozen=True)
+class PersonaSpec:
+    name: str
+    system_prompt: str
+    voice: str
+    greeting: str | None = None
+    speaking_rate: float = 1.0
+    max_reply_tokens: int = 120
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    turns: TurnPolicy = field(default_factory=TurnPolicy)
+    vad_threshold: float = 0.5
+    partial_interval_ms: int = 500
+    budgets_ms: Mapping[str, float] = field(default_factory=dict)
+    output_sample_rate: int = 22050
+    audio_lead_ms: float = 1000.0
+    greet: bool = True  # speak the persona's greeting at start and on a persona switch
+    warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The loaded models a session uses; built once per server and shared by all sessions."""
+
+    make_vad: Callable[[], Vad]  # VADs keep per-stream state: one per session
+    transcriber: Transcriber
+    llm: LlmBridge
+    voices: Mapping[str, VoiceBinding]
+    turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
+    tts_work: WorkCounter = field(default_factory=WorkCounter)
