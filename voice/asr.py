@@ -86,7 +86,7 @@ class WhisperTranscriber:
         self,
         model_path: str | Path,
         device: str = "cpu",
-        compute_type: str = "int8",
+        compute_type: str = "int8_float32",
         beam_size: int = 1,
         *,
         language: str | None = "en",
