@@ -257,9 +257,9 @@ class Session:
                 self._drop_turn(a)
             elif isinstance(a, Interrupt):
                 self._interrupt(a.turn_id, a.t_ms)
-            elif isinstance(a, ReplyTo):
+            elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
                 utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
-                self.spawn(self._start_reply, a, typed if a.kind == "text" else utt and utt.trace, utt)
+                self.spawn(self._start_reply, a, utt.trace if utt is not None else typed, utt)
             elif isinstance(a, Correct):
                 self._correct(a)
 
