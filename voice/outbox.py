@@ -30,8 +30,14 @@ Outgoing = OutJson | OutAudio
 
 
 class Outbox:
-    def __init__(self, max_audio_items: int = 64) -> None:
+    """`max_json_items`: control messages waiting for a client that does not read. Past it they are dropped and
+    `overflowed` is set, for the socket layer to end the connection (a client this far behind is not listening)."""
+
+    def __init__(self, max_audio_items: int = 64, max_json_items: int = 256) -> None:
         self._items: deque[Outgoing] = deque()
+        self._json = 0  # OutJson items queued
+        self.max_json_items = max_json_items
+        self.overflowed = False
         self._ready = asyncio.Event()
         self._audio_room = asyncio.Semaphore(max_audio_items)
         # turns whose audio was cleared; replies run one after another, so the last few are all a late chunk can be of
@@ -41,6 +47,10 @@ class Outbox:
 
     def send(self, kind: str, **fields: Any) -> None:
         """Queue a JSON message; never blocks (control messages are small and few)."""
+        if self._json >= self.max_json_items:
+            self.overflowed = True
+            return
+        self._json += 1
         self._items.append(OutJson({"type": kind, **fields}))
         self._ready.set()
 
@@ -69,6 +79,7 @@ class Outbox:
             else:
                 kept.append(item)
         kept.appendleft(OutJson({"type": "response.audio.clear", "turn_id": turn_id, **fields}))
+        self._json += 1
         self._items = kept
         self._ready.set()
 
@@ -79,6 +90,8 @@ class Outbox:
         item = self._items.popleft()
         if isinstance(item, OutAudio):
             self._audio_room.release()
+        else:
+            self._json -= 1
         return item
 
     def pending(self) -> int:

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
 # the trace carries playback_start even when the whole reply was sent before the client began playing.
 TRACE_HOLD_S = 1.0
+PLAYED_SLACK_MS = 1000.0  # a playback mark may run this far past the audio sent (rounding, pieces in flight)
 
 
 class InputError(Exception):
@@ -156,6 +157,11 @@ class Session:
         self._apply(self.turns.cancel())
 
     def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
+        if turn_id > self.turns.last_turn:
+            raise InputError("invalid_message", f"playback.mark: turn {turn_id} has not begun")
+        for known in (self._reply, self._interrupted and self._interrupted[0]):
+            if known is not None and known.turn_id == turn_id and played_ms > known.sent_ms + PLAYED_SLACK_MS:
+                raise InputError("invalid_message", f"playback.mark: {played_ms:.0f} ms played of {known.sent_ms:.0f} ms sent")
         reply = self._reply
         if reply is not None and reply.turn_id == turn_id:
             reply.played_ms = played_ms

@@ -228,6 +228,11 @@ class TurnTaking:
         return None if self._heard is None else self._heard.turn_id
 
     @property
+    def last_turn(self) -> int:
+        """The newest turn id handed out (0 before the first)."""
+        return self._next_turn - 1
+
+    @property
     def replying_to(self) -> int | None:
         """The turn whose reply runs, or is about to: a reply asked for earlier and not started yet is superseded."""
         return self._reply

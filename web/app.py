@@ -19,6 +19,7 @@ from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from web import runtime as rt
 from web.config import AppConfig
+from web.guard import Guard
 from web.metrics import Metrics
 from web.ws import handle
 
@@ -36,7 +37,8 @@ class AppState:
     personas: dict[str, PersonaSpec]
     runtime: rt.Runtime | None = None
     sessions: dict[str, Session] = field(default_factory=dict)
-    connections: int = 0
+    connections: int = 0  # accepted sockets, started or not
+    pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
 
     @property
     def stages(self) -> Stages:
@@ -92,6 +94,8 @@ def create_app(
 
     app = FastAPI(title="Parley", lifespan=lifespan)
     app.state.parley = state
+    listens_on = () if cfg.server.host in ("0.0.0.0", "::", "") else (cfg.server.host,)
+    app.add_middleware(Guard, hosts=(*listens_on, *cfg.server.allowed_hosts), token=cfg.server.token)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

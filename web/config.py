@@ -109,9 +109,13 @@ class ServerConfig(_Strict):
     allowed_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
     token: str | None = None
     trace_log: str = "traces.jsonl"
+    allowed_hosts: tuple[str, ...] = ()  # Host names besides the loopback ones and `host`; "*": any
     idle_timeout_s: float = Field(300.0, gt=0)
+    handshake_timeout_s: float = Field(5.0, gt=0)  # a connection that sends no session.start in time is closed
+    max_pending: int = Field(8, ge=1)  # connections without a session; past it the one waiting longest goes
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_messages_per_s: float = Field(200.0, gt=0)
+    audio_burst_s: float = Field(2.0, gt=0)  # audio a client may send ahead of real time before it is dropped
 
 
 class Persona(_Strict):

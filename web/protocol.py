@@ -15,6 +15,10 @@ AUDIO_HEADER = struct.Struct("<II")  # turn_id uint32 LE, seq uint32 LE
 SUPPORTED_INPUT_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 MAX_AUDIO_MESSAGE_S = 1.0
 MAX_TEXT_CHARS = 2000
+MAX_NAME_CHARS = 100  # persona and voice names
+MAX_TURN_ID = 2**31 - 1
+MAX_PLAYED_MS = 3_600_000.0  # an hour of one reply's audio: anything more is not a playback position
+ECHO_CHARS = 80  # how much of a client's bad value an error message quotes
 
 # Close codes (RFC 6455 plus the registered 1013).
 CLOSE_NORMAL = 1000
@@ -36,16 +40,25 @@ class ProtocolError(Exception):
         self.close_code = close_code
 
 
+def clip(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value as an error message may quote it: repr'd and cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 
 
 class SessionStart(_Msg):
     type: Literal["session.start"]
     protocol: int
     sample_rate: int = 16000
-    persona: str | None = None
-    voice: str | None = None
+    persona: Name | None = None
+    voice: Name | None = None
 
 
 class InputText(_Msg):
@@ -59,14 +72,14 @@ class ResponseCancel(_Msg):
 
 class PlaybackMark(_Msg):
     type: Literal["playback.mark"]
-    turn_id: int = Field(ge=0)
-    played_ms: float = Field(ge=0)
+    turn_id: int = Field(ge=0, le=MAX_TURN_ID)
+    played_ms: float = Field(ge=0, le=MAX_PLAYED_MS)
 
 
 class SessionUpdate(_Msg):
     type: Literal["session.update"]
-    persona: str | None = None
-    voice: str | None = None
+    persona: Name | None = None
+    voice: Name | None = None
 
 
 ClientMessage = Annotated[
@@ -94,14 +107,14 @@ SERVER_FIELDS: dict[str, tuple[str, ...]] = {
 def parse_text(raw: str) -> ClientMessage:
     """One client text message -> a typed message; ProtocolError(bad_json | unknown_type | invalid_message)."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
-        raise ProtocolError("bad_json", "message is not valid JSON") from None
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError, NaN/Infinity, an integer of thousands of digits
+        raise ProtocolError("bad_json", "message is not valid JSON (or holds NaN, Infinity or a huge number)") from None
     if not isinstance(data, dict):
         raise ProtocolError("bad_json", "message must be a JSON object")
     kind = data.get("type")
-    if kind not in CLIENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {kind!r} (known: {', '.join(CLIENT_TYPES)})")
+    if not isinstance(kind, str) or kind not in CLIENT_TYPES:
+        raise ProtocolError("unknown_type", f"unknown message type {clip(kind)} (known: {', '.join(CLIENT_TYPES)})")
     try:
         msg = _CLIENT.validate_python(data)
     except ValidationError as err:
@@ -113,16 +126,20 @@ def parse_text(raw: str) -> ClientMessage:
     return msg
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def check_start(msg: SessionStart) -> None:
     if msg.protocol != PROTOCOL_VERSION:
         raise ProtocolError(
             "bad_protocol_version",
-            f"protocol {msg.protocol} is not supported; this server speaks protocol {PROTOCOL_VERSION}",
+            f"protocol {clip(msg.protocol)} is not supported; this server speaks protocol {PROTOCOL_VERSION}",
             fatal=True,
             close_code=CLOSE_PROTOCOL_ERROR,
         )
     if msg.sample_rate not in SUPPORTED_INPUT_RATES:
-        raise ProtocolError("bad_sample_rate", f"sample_rate must be one of {SUPPORTED_INPUT_RATES}, got {msg.sample_rate}")
+        raise ProtocolError("bad_sample_rate", f"sample_rate must be one of {SUPPORTED_INPUT_RATES}, got {clip(msg.sample_rate)}")
 
 
 def check_audio(data: bytes, sample_rate: int) -> None:

@@ -1,17 +1,16 @@
-"""The /ws endpoint: admission (origin, token, capacity), limits (size, rate, idle), and the reader/writer pair
-that connects one socket to one voice Session. Bad input becomes an `error` message, never a server failure.
+"""The /ws endpoint: admission (origin, token, capacity), limits (size, rate, audio against real time, the
+handshake deadline, idle), and the reader/writer pair that connects one socket to one voice Session. Bad input
+becomes an `error` message, never a server failure, and no client holds a slot it does not use.
 
 Knows the wire (web.protocol) and the Session's public methods; nothing about models.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -20,6 +19,7 @@ from voice.outbox import OutAudio, Outbox
 from voice.session import InputError, Session
 from voice.trace import TurnTrace, now_ns
 from web import protocol as P
+from web.limits import RateLimiter, given_token, origin_allowed, token_ok
 
 if TYPE_CHECKING:
     from web.app import AppState
@@ -31,77 +31,16 @@ class _Closed(Exception):
     """The connection is over (client left, fatal error, idle): unwinds the connection's task group."""
 
 
-class RateLimiter:
-    """Token bucket over messages: `rate` a second refilled by wall time, a burst of `burst_s` seconds' worth.
-
-    Refill is measured between reads, and a server that stalled did not read: a well-behaved client's
-    messages from the stall then arrive all at once. So the bucket may hold what the time since the last
-    read earned (up to `stall_s` seconds' worth), not only the burst: a backlog after a stall passes, while a
-    client that keeps sending faster than `rate` empties the bucket and is refused.
-    """
-
-    def __init__(self, rate: float, burst_s: float = 1.0, stall_s: float = 10.0) -> None:
-        self.rate = rate
-        self.burst = rate * burst_s
-        self.max_credit = rate * max(burst_s, stall_s)
-        self.tokens = self.burst
-        self.last = time.monotonic()
-
-    def allow(self, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        earned = max(0.0, now - self.last) * self.rate
-        self.last = now
-        # accrual stops at the burst, or at what this one gap earned when that is more (a stall's backlog);
-        # credit already held above it is kept until spent, so the backlog drains over the following reads
-        cap = max(self.burst, min(earned, self.max_credit), self.tokens)
-        self.tokens = min(self.tokens + earned, cap)
-        # A gap of exactly 1/rate can earn 0.99999999... in floating point (the clock's value is large, its
-        # differences lose the low bits): a client sending at exactly the rate is not refused for that.
-        if self.tokens >= 1.0 - 1e-6:
-            self.tokens = max(0.0, self.tokens - 1.0)
-            return True
-        return False
-
-
-def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...] | list[str]) -> bool:
-    """No Origin (not a browser), a configured one, or the page's own server: an Origin whose host:port is the
-    request's Host header (a page Parley served, whatever address or port it runs on)."""
-    if origin is None or origin in allowed:
-        return True
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.netloc or host is None:
-        return False
-    default_port = {"http": 80, "https": 443}[parts.scheme]
-    theirs, ours = _host_port(parts.netloc, default_port), _host_port(host, default_port)
-    return theirs is not None and theirs == ours
-
-
-def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
-    try:
-        parts = urlsplit("//" + netloc.strip())
-        return (parts.hostname or "").lower(), parts.port or default_port
-    except ValueError:  # a malformed port
-        return None
-
-
-def _token_ok(ws: WebSocket, expected: str) -> bool:
-    given = ws.query_params.get("token")
-    auth = ws.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
-
-
 async def handle(ws: WebSocket, state: "AppState") -> None:
     """One connection from handshake to close."""
     server = state.cfg.server
     origin = ws.headers.get("origin")
     refusal: tuple[str, str, int] | None = None
     if not origin_allowed(origin, ws.headers.get("host"), server.allowed_origins):
-        refusal = ("forbidden_origin", f"origin {origin!r} is not allowed", P.CLOSE_POLICY)
-    elif server.token and not _token_ok(ws, server.token):
+        refusal = ("forbidden_origin", f"origin {P.clip(origin)} is not allowed", P.CLOSE_POLICY)
+    elif server.token and not token_ok(given_token(ws.query_params, ws.headers, ws.cookies), server.token):
         refusal = ("unauthorized", "missing or wrong token (use ?token= or Authorization: Bearer)", P.CLOSE_POLICY)
-    elif state.connections >= server.max_sessions:
+    elif len(state.sessions) >= server.max_sessions:
         refusal = ("server_full", f"the server already has {server.max_sessions} sessions; try again later", P.CLOSE_TRY_AGAIN)
     if refusal is not None:
         # accepted first so a browser client can read why (a refused handshake shows no reason to scripts)
@@ -111,11 +50,16 @@ async def handle(ws: WebSocket, state: "AppState") -> None:
         await _safe_send(ws, P.error_message(code, message, fatal=True))
         await _safe_close(ws, close_code)
         return
-    state.connections += 1  # counted before the first await, so concurrent handshakes cannot overshoot
+    connection = Connection(ws, state)
+    if len(state.pending) >= server.max_pending:  # the socket that has waited longest without starting goes
+        next(iter(state.pending)).evict()
+    state.pending[connection] = None  # counted before the first await, so concurrent handshakes cannot overshoot
+    state.connections += 1
     try:
         await ws.accept()
-        await Connection(ws, state).run()
+        await connection.run()
     finally:
+        state.pending.pop(connection, None)
         state.connections -= 1
 
 
@@ -145,10 +89,19 @@ class Connection:
         self.session_id = uuid.uuid4().hex[:12]
         self.input_rate = SAMPLE_RATE
         self.rate = RateLimiter(self.limits.max_messages_per_s)
+        # audio seconds a second: what a microphone sends, with room for a burst and a stalled server's backlog
+        self.audio_rate = RateLimiter(1.0, burst_s=self.limits.audio_burst_s)
         self.close_code = P.CLOSE_NORMAL
-        self._last_rate_error = 0.0
-        self._rate_dropped = 0
+        self._dropped: dict[str, int] = {}  # messages dropped by a limit, per error code, since its last error
+        self._last_error_s: dict[str, float] = {}
         self._writing = False
+        self._opened_at = self._active_at = time.monotonic()
+        self._evicted = asyncio.Event()
+
+    def evict(self) -> None:
+        """A newer connection needs the room of this one, which has not started a session."""
+        self.state.pending.pop(self, None)
+        self._evicted.set()
 
     async def run(self) -> None:
         self.state.metrics.session_opened()
@@ -173,14 +126,8 @@ class Connection:
     async def _reader(self) -> None:
         """Returns when the connection should end."""
         while True:
-            try:
-                async with asyncio.timeout(self.limits.idle_timeout_s):
-                    msg = await self.ws.receive()
-            except TimeoutError:
-                self._error("idle_timeout", f"no message for {self.limits.idle_timeout_s:g} s", fatal=True)
-                self.close_code = P.CLOSE_NORMAL
-                return
-            if msg["type"] == "websocket.disconnect":
+            msg = await self._receive()
+            if msg is None or msg["type"] == "websocket.disconnect":
                 return
             arrival_ns = now_ns()
             data: bytes | None = msg.get("bytes")
@@ -191,25 +138,62 @@ class Connection:
                 self.close_code = P.CLOSE_TOO_BIG
                 return
             if not self.rate.allow():
-                self._rate_error()
+                self._limited("rate_limited", f"sustained over {self.limits.max_messages_per_s:g} messages a second "
+                                              f"(beyond a {self.limits.max_messages_per_s:g}-message burst)")  # fmt: skip
                 continue
             try:
                 if data is not None:
                     self._on_audio(data, arrival_ns)
                 elif text is not None:
                     self._on_text(text, arrival_ns)
+                if self.session is not None:  # only a started session's accepted messages keep it alive
+                    self._active_at = time.monotonic()
             except P.ProtocolError as exc:
                 self._error(exc.code, exc.message, fatal=exc.fatal)
                 if exc.fatal:
                     self.close_code = exc.close_code
                     return
             except InputError as exc:
-                self._error(exc.code, exc.message)
+                if exc.code == "overloaded":
+                    self._limited(exc.code, exc.message)
+                else:
+                    self._error(exc.code, exc.message)
+            if self.outbox.overflowed:  # it stopped reading long ago: what it is sent piles up
+                self._error("too_slow", "the client does not read what it is sent", fatal=True)
+                self.close_code = P.CLOSE_POLICY
+                return
+
+    async def _receive(self) -> dict[str, Any] | None:
+        """The next message; None (the client told why) when the handshake deadline or the idle timeout passes,
+        or an unstarted connection is evicted for a newer one."""
+        now = time.monotonic()
+        if self.session is None:
+            left_s = self.limits.handshake_timeout_s - (now - self._opened_at)
+            code, why = "handshake_timeout", f"no session.start within {self.limits.handshake_timeout_s:g} s"
+        else:
+            left_s = self.limits.idle_timeout_s - (now - self._active_at)
+            code, why = "idle_timeout", f"no message for {self.limits.idle_timeout_s:g} s"
+        receive = asyncio.ensure_future(self.ws.receive())
+        evicted = asyncio.ensure_future(self._evicted.wait())
+        try:
+            done, _ = await asyncio.wait({receive, evicted}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            evicted.cancel()
+        if receive in done:
+            return receive.result()
+        receive.cancel()
+        if self._evicted.is_set():
+            code, why = "handshake_timeout", "no session.start before a newer connection needed the room"
+        self._error(code, why, fatal=True)
+        self.close_code = P.CLOSE_NORMAL
+        return None
 
     def _on_audio(self, data: bytes, arrival_ns: int) -> None:
         if self.session is None:
             raise P.ProtocolError("not_started", "audio before session.start; send session.start first")
         P.check_audio(data, self.input_rate)
+        if not self.audio_rate.allow(cost=len(data) / 2 / self.input_rate):
+            raise InputError("overloaded", "audio is arriving faster than real time; the excess is dropped")
         samples = pcm16_to_float(data)  # float32 [N]
         if self.input_rate != SAMPLE_RATE:
             samples = resample(samples, self.input_rate, SAMPLE_RATE)
@@ -237,6 +221,9 @@ class Connection:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
+        if len(st.sessions) >= self.limits.max_sessions:
+            raise P.ProtocolError("server_full", f"the server already has {self.limits.max_sessions} sessions; try again later",
+                                  fatal=True, close_code=P.CLOSE_TRY_AGAIN)  # fmt: skip
         session = Session(
             self.session_id, st.stages, st.settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
             outbox=self.outbox, on_trace=self._on_trace,
@@ -244,6 +231,7 @@ class Connection:
         self.session = session
         self.input_rate = msg.sample_rate
         st.sessions[self.session_id] = session
+        st.pending.pop(self, None)
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
 
@@ -269,14 +257,13 @@ class Connection:
     def _error(self, code: str, message: str, *, fatal: bool = False) -> None:
         self.outbox.send("error", code=code, message=message, fatal=fatal)
 
-    def _rate_error(self) -> None:
-        self._rate_dropped += 1
+    def _limited(self, code: str, message: str) -> None:
+        """A message dropped by a limit: one error a second per limit, counting the drops, not one per message."""
+        self._dropped[code] = self._dropped.get(code, 0) + 1
         now = time.monotonic()
-        if now - self._last_rate_error >= 1.0:  # one error a second, not one per dropped message
-            self._last_rate_error = now
-            rate = self.limits.max_messages_per_s
-            self._error("rate_limited", f"sustained over {rate:g} messages a second (beyond a {rate:g}-message burst); "
-                        f"{self._rate_dropped} dropped so far")  # fmt: skip
+        if now - self._last_error_s.get(code, 0.0) >= 1.0:
+            self._last_error_s[code] = now
+            self._error(code, f"{message}; {self._dropped[code]} dropped so far")
 
     # -- writing -------------------------------------------------------------------------------
 

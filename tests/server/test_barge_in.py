@@ -11,6 +11,7 @@ import pytest
 
 import audio_corpus as corpus
 from web.config import DEFAULT_CONFIG, load_config
+from server_config import TOKEN
 from ws_client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -29,7 +30,7 @@ async def _reply_playing(c: Client) -> int:
 
 
 async def _health(live_server) -> dict:
-    async with httpx.AsyncClient(base_url=live_server.http) as http:
+    async with httpx.AsyncClient(base_url=live_server.http, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         return (await http.get("/healthz")).json()
 
 

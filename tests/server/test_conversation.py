@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import audio_corpus as corpus
+from server_config import TOKEN
 from ws_client import Client
 from voice.audio import pcm16_to_float, resample
 
@@ -67,7 +68,7 @@ async def test_spoken_question_gets_a_spoken_answer_and_a_complete_trace(live_se
 
     lines = [json.loads(line) for line in live_server.trace_log.read_text().splitlines()]
     assert any(t["turn_id"] == turn and t["session_id"] == ready["session_id"] for t in lines)
-    async with httpx.AsyncClient(base_url=live_server.http) as http:
+    async with httpx.AsyncClient(base_url=live_server.http, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         metrics = (await http.get("/metrics")).text
         traces = (await http.get("/api/traces")).json()["traces"]
         health = (await http.get("/healthz")).json()

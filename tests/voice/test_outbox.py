@@ -35,3 +35,13 @@ async def test_a_long_conversation_keeps_only_a_few_cleared_turns() -> None:
     await box.send_audio(1000, b"\x00\x00")  # the turn cleared last still drops its late audio
     assert box.pending() == 0
     assert len(box._cleared) <= 8  # bounded: replies run one after another, old turns send nothing more
+
+
+async def test_control_messages_for_a_client_that_does_not_read_are_bounded() -> None:
+    box = Outbox(max_json_items=3)
+    for i in range(10):
+        box.send("error", code="unknown_type", message=str(i), fatal=False)
+    assert box.pending() == 3 and box.overflowed
+    assert [item.body["message"] for item in await drain(box)] == ["0", "1", "2"]  # the first ones, in order
+    box.send("error", code="x", message="after", fatal=False)  # room again once the client reads
+    assert box.pending() == 1
