@@ -214,7 +214,7 @@ class Engine:
     def submit(self, req: GenerateRequest, on_event: EventCallback | None = None) -> EngineStream:
         job_id = next(self._ids)
         stream = EngineStream(self, job_id)
-        gen = Generation(req, self.tokenizer, time.perf_counter(), self.device)
+        gen = Generation(req, self.tokenizer, time.perf_counter(), self.device, self.max_seq_len)
         self._inbox.put(_Job(job_id, req, stream, on_event, gen))
         return stream
 

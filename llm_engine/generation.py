@@ -23,23 +23,36 @@ PREFILL_CHUNK = 512  # bounds the [T, kv_len] attention mask and activations for
 def fit_messages(
     tokenizer: Tokenizer, messages: Sequence[ChatMessage], max_prompt_tokens: int
 ) -> tuple[list[int], tuple[ChatMessage, ...]] | None:
-    """Render the chat; if too long, drop the oldest turns after the system prompt. None if even the last turn won't fit."""
+    """Render the chat; if too long, drop the fewest oldest turns after the system prompt that make it fit (never
+    opening on an assistant turn). None if even the last message won't fit. Renders O(log n) times: the history
+    kept only shrinks as more is dropped, so the cut is found by bisection (one render when it all fits)."""
     msgs = list(messages)
-    while True:
-        ids = tokenizer.apply_chat_template(msgs)
-        if len(ids) <= max_prompt_tokens:
-            return ids, tuple(msgs)
-        first = next((i for i, m in enumerate(msgs) if m.role != "system"), None)
-        if first is None or first == len(msgs) - 1:
-            return None
-        msgs.pop(first)
-        # A conversation must not open with an assistant turn after trimming.
-        while first < len(msgs) - 1 and msgs[first].role == "assistant":
-            msgs.pop(first)
+    head = 1 if msgs and msgs[0].role == "system" else 0
+    starts = [i for i in range(head, len(msgs)) if msgs[i].role != "assistant" or i == len(msgs) - 1]
+
+    def render(start: int) -> list[int]:
+        return tokenizer.apply_chat_template(msgs[:head] + msgs[start:])
+
+    ids = render(head)
+    if len(ids) <= max_prompt_tokens:
+        return ids, tuple(msgs)
+    lo, hi, best = 0, len(starts) - 1, None  # the first start in `starts` whose rendering fits
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = render(starts[mid])
+        if len(candidate) <= max_prompt_tokens:
+            best, hi = (candidate, starts[mid]), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        return None
+    return best[0], tuple(msgs[:head] + msgs[best[1] :])
 
 
 class Generation:
-    def __init__(self, req: GenerateRequest, tokenizer: Tokenizer, submitted_s: float, device: torch.device) -> None:
+    def __init__(self, req: GenerateRequest, tokenizer: Tokenizer, submitted_s: float, device: torch.device, max_seq_len: int) -> None:
+        """Renders and fits the prompt (and finds the probed position) here, on the submitting thread: a long
+        history's tokenising never holds up the engine thread's steps for everyone else."""
         self.req = req
         self.tok = tokenizer
         self.params = req.sampling
@@ -57,6 +70,13 @@ class Generation:
         self.end_prob: float | None = None
         self._prefill_started = False
         self.finished = False
+        reserve = min(self.params.max_new_tokens, max_seq_len // 4)
+        fitted = fit_messages(tokenizer, req.messages, max_seq_len - max(reserve, 1))
+        self.fits = fitted is not None
+        if fitted is not None:
+            self.prompt, messages = list(fitted[0]), fitted[1]
+            if req.probe_user_end:
+                self.probe = tokenizer.user_end_probe(messages, self.prompt)
 
     # -- units of work, each returns the events it produced ---------------------------------------
 
@@ -69,17 +89,12 @@ class Generation:
         t0 = time.perf_counter()
         if not self._prefill_started:
             self._prefill_started = True
-            reserve = min(self.params.max_new_tokens, cache.max_seq_len // 4)
-            fitted = fit_messages(self.tok, self.req.messages, cache.max_seq_len - max(reserve, 1))
-            if fitted is None:
+            if not self.fits:
                 return self._finish("context", queue_s=t0)
-            self.prompt, messages = fitted
             # Keep at least the last prompt token to run: its logits choose the first reply token.
             reused = min(common_prefix_len(state.tokens, self.prompt), len(self.prompt) - 1)
-            if self.req.probe_user_end:
-                self.probe = self.tok.user_end_probe(messages, self.prompt)
-                if self.probe is not None:  # the probed position must run through the model, not come from the cache
-                    reused = min(reused, self.probe[0])
+            if self.probe is not None:  # the probed position must run through the model, not come from the cache
+                reused = min(reused, self.probe[0])
             state.tokens = self.prompt[:reused]
             self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused)
         start = len(state.tokens)

@@ -209,6 +209,12 @@ class Session:
             self._send_trace(self._held.pop(turn_id))
         await asyncio.to_thread(self.stages.llm.release, self.session_id)
 
+    async def reply_finished(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the reply being spoken to end by itself."""
+        task = self._reply_task
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout_s)
+
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
         trace.info.update(input=kind, persona=self.persona_name, voice=self.voice_name)
@@ -396,6 +402,10 @@ class Session:
             if joins is not None and self._exchange is not None and self._exchange[0] == joins:
                 del self.history[self._exchange[1] :]  # the early reply to half of this request goes
                 self._interrupted = None
+            dropped = self._trim_history()
+            if dropped:
+                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(self.history)}
+                messages = self.messages(a.text)
             if a.kind == "voice":
                 self._exchange = (a.turn_id, len(self.history))
             self.history.append(("user", a.text))
@@ -404,6 +414,23 @@ class Session:
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             deltas = self._llm_deltas(messages, trace, utt, call)
             self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
+
+    def _trim_history(self) -> int:
+        """A conversation that outgrew settings.history_chars loses its oldest half at once, from a user turn on:
+        the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping
+        one message a turn changed it every turn. -> how many messages went."""
+        if sum(len(text) for _, text in self.history) <= self.settings.history_chars:
+            return 0
+        keep_chars, cut = self.settings.history_chars // 2, len(self.history)
+        while cut > 0 and keep_chars - len(self.history[cut - 1][1]) >= 0:
+            cut -= 1
+            keep_chars -= len(self.history[cut][1])
+        while cut < len(self.history) and self.history[cut][0] != "user":
+            cut += 1
+        del self.history[:cut]
+        self._exchange = None  # indices into the history: what they pointed at may be gone
+        self._interrupted = None
+        return cut
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         binding = self.stages.voices[self.voice_name]

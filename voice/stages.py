@@ -36,6 +36,7 @@ class SessionSettings:
     audio_lead_ms: float = 1000.0
     greet: bool = True  # speak the persona's greeting at start and on a persona switch
     warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
+    history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (web.runtime)
 
 
 @dataclass(frozen=True)

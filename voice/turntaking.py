@@ -38,6 +38,7 @@ class TurnPolicy:
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
     barge_in_min_speech_ms: float = 200.0  # shorter speech under a reply (a cough, "uh-huh") is no turn
     rejoin_window_ms: float = 1000.0  # speech starting this soon after an endpoint continues that request; 0: off
+    max_turn_ms: float = 30000.0  # a turn this long ends (a bound on one utterance's audio and transcript)
 
     def __post_init__(self) -> None:
         if self.detection not in DETECTIONS:
@@ -132,7 +133,7 @@ class CheckTurn:
 class EndTurn:
     turn_id: int
     speech_end_ms: float  # audio time of the end of the last voiced frame
-    reason: str  # "silence" (fixed hangover) | "complete" (a check) | "max_hangover"
+    reason: str  # "silence" (fixed hangover) | "complete" (a check) | "max_hangover" | "max_length"
     checks: tuple[TurnCheck, ...]
     joins: int | None
 
@@ -317,6 +318,8 @@ class TurnTaking:
         h, p = self._heard, self.policy
         if h is None:
             return []
+        if self._now_ms - h.start_ms >= p.max_turn_ms:
+            return self._end(h, "max_length") if h.is_turn else self._drop(h)
         if h.pause_ms is None:
             if not h.is_turn and self._now_ms - h.start_ms >= p.barge_in_min_speech_ms:
                 h.barged = True  # long enough to be meant: a turn, and the reply (if one still runs) stops

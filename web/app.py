@@ -39,6 +39,7 @@ class AppState:
     sessions: dict[str, Session] = field(default_factory=dict)
     connections: int = 0  # accepted sockets, started or not
     pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
+    live: set[Any] = field(default_factory=set)  # every ws.Connection
 
     @property
     def stages(self) -> Stages:

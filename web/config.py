@@ -46,6 +46,7 @@ class VadConfig(_Strict):
     turn_audio_weight: float = Field(0.25, ge=0.0)
     barge_in_min_speech_ms: int = Field(200, ge=0)  # a cough or "uh-huh" is shorter
     rejoin_window_ms: int = Field(1000, ge=0)
+    max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":
@@ -116,6 +117,10 @@ class ServerConfig(_Strict):
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_messages_per_s: float = Field(200.0, gt=0)
     audio_burst_s: float = Field(2.0, gt=0)  # audio a client may send ahead of real time before it is dropped
+    max_connections: int = Field(1000, ge=1)  # open TCP connections; more are refused at once
+    header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be in by then
+    max_header_bytes: int = Field(65536, ge=4096)
+    shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: how long running replies may go on before the close
 
 
 class Persona(_Strict):

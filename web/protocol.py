@@ -22,6 +22,7 @@ ECHO_CHARS = 80  # how much of a client's bad value an error message quotes
 
 # Close codes (RFC 6455 plus the registered 1013).
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009

@@ -55,6 +55,7 @@ def turn_policy(cfg: AppConfig) -> TurnPolicy:
         detection=v.turn_detection, min_speech_ms=v.min_speech_ms, ahead_silence_ms=v.ahead_silence_ms, hangover_ms=v.hangover_ms, turn_check_ms=v.turn_check_ms,
         max_hangover_ms=v.max_hangover_ms, sure_prob=v.turn_sure_prob, unsure_prob=v.turn_unsure_prob,
         audio_weight=v.turn_audio_weight, barge_in_min_speech_ms=v.barge_in_min_speech_ms, rejoin_window_ms=v.rejoin_window_ms,
+        max_turn_ms=v.max_turn_ms,
     )  # fmt: skip
 
 
@@ -64,6 +65,9 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         vad_threshold=cfg.vad.threshold,
         partial_interval_ms=cfg.asr.partial_interval_ms,
         budgets_ms=dict(cfg.budgets_ms),
+        # ~3-4 characters a token in English: the history takes at most about half the context, the reply and the
+        # system prompt the rest
+        history_chars=int(cfg.models.llm.max_seq_len * 4 * 0.5),
         output_sample_rate=output_sample_rate(cfg),
     )
     return SessionSettings(**{**base.__dict__, **overrides})

@@ -1,13 +1,18 @@
-"""`parley serve`: load and warm the models, bind uvicorn, print the URL once it is listening.
+"""`parley serve`: load and warm the models, bind uvicorn, print the URL once it is listening; on SIGTERM, drain.
 
-Model problems are one clear line and exit code 1, before any port is bound.
+Model problems are one clear line and exit code 1, before any port is bound. SIGTERM stops accepting, lets the
+replies being spoken finish (up to server.shutdown_grace_s), tells each client (`server_shutdown`), closes the
+sessions (their traces reach the log) and exits 0.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from types import FrameType
 
 import uvicorn
 
@@ -15,10 +20,45 @@ from web import runtime as rt
 from web.app import create_app
 from web.config import AppConfig
 from web.locate import ModelNotFound
+from web.transport import RepeatFilter, guarded_h11, raise_fd_limit
+from web.ws import drain
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server; a first SIGTERM drains before the usual shutdown (a second, or SIGINT, stops at once)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self._draining or self._loop is None:
+            return super().handle_exit(sig, frame)
+        self._draining = True
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_then_exit()))
+
+    async def _drain_then_exit(self) -> None:
+        log.info("SIGTERM: draining (no new connections; running replies may finish)")
+        for server in self.servers:
+            server.close()
+        try:
+            await self._drain()
+        finally:
+            self.should_exit = True
 
 
 def serve(cfg: AppConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("asyncio", "uvicorn.error"):  # accept failures and bad requests can come thousands a second
+        logging.getLogger(noisy).addFilter(RepeatFilter())
     print("Parley: loading models ...", flush=True)
     t0 = time.perf_counter()
     try:
@@ -33,15 +73,21 @@ def serve(cfg: AppConfig) -> int:
     print(f"Parley: models ready in {time.perf_counter() - t0:.1f} s ({loads})", flush=True)
 
     app = create_app(cfg, runtime=runtime)
-    server = uvicorn.Server(
+    s = cfg.server
+    fds = raise_fd_limit()
+    server = DrainingServer(
         uvicorn.Config(
             app,
-            host=cfg.server.host,
-            port=cfg.server.port,
-            ws_max_size=cfg.server.max_message_bytes,  # larger messages are closed with 1009 by the protocol layer
+            host=s.host,
+            port=s.port,
+            http=guarded_h11(s.header_timeout_s, min(s.max_connections, max(16, fds - 64))),
+            h11_max_incomplete_event_size=s.max_header_bytes,
+            timeout_keep_alive=5,
+            ws_max_size=s.max_message_bytes,  # larger messages are closed with 1009 by the protocol layer
             log_level="warning",
             lifespan="on",
-        )
+        ),
+        drain=lambda: drain(app.state.parley, s.shutdown_grace_s),
     )
     try:
         return asyncio.run(_run(server, cfg.server.host))

@@ -54,13 +54,20 @@ async def handle(ws: WebSocket, state: "AppState") -> None:
     if len(state.pending) >= server.max_pending:  # the socket that has waited longest without starting goes
         next(iter(state.pending)).evict()
     state.pending[connection] = None  # counted before the first await, so concurrent handshakes cannot overshoot
+    state.live.add(connection)
     state.connections += 1
     try:
         await ws.accept()
         await connection.run()
     finally:
         state.pending.pop(connection, None)
+        state.live.discard(connection)
         state.connections -= 1
+
+
+async def drain(state: "AppState", grace_s: float) -> None:
+    """SIGTERM: every connection's running reply may finish (up to `grace_s`); then each client is told and closed."""
+    await asyncio.gather(*(c.shut_down(grace_s) for c in list(state.live)))
 
 
 async def _safe_send(ws: WebSocket, text: str) -> None:
@@ -96,12 +103,21 @@ class Connection:
         self._last_error_s: dict[str, float] = {}
         self._writing = False
         self._opened_at = self._active_at = time.monotonic()
-        self._evicted = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stop_reason: tuple[str, str, int] | None = None  # (error code, message, close code) when told to stop
 
     def evict(self) -> None:
         """A newer connection needs the room of this one, which has not started a session."""
         self.state.pending.pop(self, None)
-        self._evicted.set()
+        self._stop_reason = ("handshake_timeout", "no session.start before a newer connection needed the room", P.CLOSE_NORMAL)
+        self._stop.set()
+
+    async def shut_down(self, grace_s: float) -> None:
+        """The server is stopping: the reply being spoken may finish (up to `grace_s`), then the client is told."""
+        if self.session is not None:
+            await self.session.reply_finished(grace_s)
+        self._stop_reason = ("server_shutdown", "the server is shutting down; connect again shortly", P.CLOSE_GOING_AWAY)
+        self._stop.set()
 
     async def run(self) -> None:
         self.state.metrics.session_opened()
@@ -174,18 +190,19 @@ class Connection:
             left_s = self.limits.idle_timeout_s - (now - self._active_at)
             code, why = "idle_timeout", f"no message for {self.limits.idle_timeout_s:g} s"
         receive = asyncio.ensure_future(self.ws.receive())
-        evicted = asyncio.ensure_future(self._evicted.wait())
+        stop = asyncio.ensure_future(self._stop.wait())
         try:
-            done, _ = await asyncio.wait({receive, evicted}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({receive, stop}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            evicted.cancel()
+            stop.cancel()
         if receive in done:
             return receive.result()
         receive.cancel()
-        if self._evicted.is_set():
-            code, why = "handshake_timeout", "no session.start before a newer connection needed the room"
+        close_code = P.CLOSE_NORMAL
+        if self._stop_reason is not None:
+            code, why, close_code = self._stop_reason
         self._error(code, why, fatal=True)
-        self.close_code = P.CLOSE_NORMAL
+        self.close_code = close_code
         return None
 
     def _on_audio(self, data: bytes, arrival_ns: int) -> None:

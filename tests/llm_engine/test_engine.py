@@ -1,6 +1,7 @@
 """The threaded Engine on the embedded SmolLM2: cache reuse across turns, cancel, concurrency, slots, errors."""
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -241,3 +242,27 @@ def test_requests_queued_behind_their_sessions_running_one_all_run(smol_engine):
     assert done.wait(60), "a request queued behind its session's earlier one never ran"
     assert [type(r).__name__ for r in results] == ["FinishEvent"] * 3
     smol_engine.release("queue")
+
+
+def test_fitting_a_long_history_renders_it_a_logarithmic_number_of_times(small_engine):
+    """The cut is found by bisection (a linear search re-rendered the chat per dropped message: 300 messages took
+    33 s of the engine thread), and it is the smallest cut that fits."""
+    tok = small_engine.tokenizer
+    history = [SYSTEM]
+    for i in range(200):
+        history += [ChatMessage("user", f"Fact number {i} is about the ocean."), ChatMessage("assistant", "Noted.")]
+    history.append(ChatMessage("user", "Say ok."))
+    renders = []
+
+    class Counting:
+        stop_ids = tok.stop_ids
+
+        def apply_chat_template(self, msgs):
+            renders.append(len(msgs))
+            return tok.apply_chat_template(msgs)
+
+    ids, kept = fit_messages(Counting(), history, 300)
+    assert len(renders) <= 2 + math.ceil(math.log2(len(history)))
+    assert len(ids) <= 300 and kept[0] == SYSTEM and kept[1].role == "user" and kept[-1] == history[-1]
+    one_more = [SYSTEM, *history[len(history) - len(kept) - 1 :]]  # the turn before the cut, with its reply
+    assert len(tok.apply_chat_template(one_more)) > 300

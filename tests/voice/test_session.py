@@ -273,3 +273,21 @@ async def test_the_system_prompt_is_cached_before_the_first_turn_and_again_after
         warm_again, reply_again = h.engine.requests[2:]
         assert [(m.role, m.content) for m in warm_again.messages] == [("system", "Be brief.")]
         assert reply_again.messages[0].content == "Be brief." and reply_again.sampling.max_new_tokens == 3
+
+
+async def test_a_long_conversation_drops_its_oldest_half_at_once_and_keeps_the_rest_stable() -> None:
+    async with Harness(history_chars=400) as h:
+        for i in range(12):
+            h.session.text_input(f"question number {i} " + "x" * 40)
+            await h.wait_for("response.done", i + 1)
+        traces = [await h.wait_for("turn.trace", n) for n in range(1, 13)]
+        drops = [t["context"] for t in traces if "context" in t]
+        assert drops and all(d["dropped_messages"] >= 4 for d in drops)  # in large steps, not one by one
+        assert len(drops) <= 4  # 12 turns of ~100 characters each against a 400-character history
+        assert sum(len(text) for _, text in h.session.history) <= 400 + 200
+        assert h.session.history[0][0] == "user"  # it never opens on a reply
+        # between drops the prompt's prefix stays put: each request extends the one before
+        requests = [r for r in h.engine.requests if r.sampling.max_new_tokens > 0]
+        for before, after in zip(requests, requests[1:]):
+            if after.messages[1] == before.messages[1]:
+                assert after.messages[: len(before.messages)] == before.messages

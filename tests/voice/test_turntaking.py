@@ -246,3 +246,14 @@ def test_an_empty_transcript_makes_no_reply_and_bad_policies_are_refused() -> No
         TurnPolicy(sure_prob=0.2, unsure_prob=0.5)
     with pytest.raises(RuntimeError, match="listen"):
         TurnTaking(TurnPolicy()).frame(1.0, 0.0)
+
+
+def test_a_turn_that_goes_on_and_on_ends_at_its_maximum_length() -> None:
+    s = Script(detection="fixed", max_turn_ms=3000)
+    s.speak(5000)
+    (end,) = s.of(EndTurn)
+    assert end.reason == "max_length" and s.at(end) == 3000.0  # the speech began at 0
+    s2 = Script(detection="fixed", max_turn_ms=3000)
+    s2.send(s2.core.typed("tell me a story"))
+    s2.speak(5000)  # under a reply it barges in after 200 ms and is a turn like any other, cut at its maximum too
+    assert [e.reason for e in s2.of(EndTurn)] == ["max_length"]
