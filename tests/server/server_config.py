@@ -12,8 +12,9 @@ from web.config import DEFAULT_CONFIG
 TOKEN = "test-token"
 
 
-def write_test_config(root: Path, **server: Any) -> Path:
-    """configs/ copied to `root`, replies capped short (test runtime); VAD and barge-in settings as shipped."""
+def write_test_config(root: Path, vad: dict[str, Any] | None = None, **server: Any) -> Path:
+    """configs/ copied to `root`, replies capped short (test runtime); VAD and barge-in settings as shipped unless
+    `vad` overrides some; `server` overrides server keys."""
     dst = root / "configs"
     shutil.copytree(DEFAULT_CONFIG.parent, dst)
     for name in ("assistant", "concise"):
@@ -24,5 +25,6 @@ def write_test_config(root: Path, **server: Any) -> Path:
     data = yaml.safe_load((dst / "default.yaml").read_text())
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
                            "idle_timeout_s": 30, **server})  # fmt: skip
+    data["vad"].update(vad or {})
     (dst / "default.yaml").write_text(yaml.safe_dump(data))
     return dst / "default.yaml"
