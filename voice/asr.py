@@ -50,6 +50,12 @@ _SILENCE_HALLUCINATIONS = frozenset(
 FIT_MIN_FRAMES = 1000
 FIT_MAX_FRAMES = 3000
 FIT_TOKENS_PER_S = 6.0
+# A fitted window's decoder now and then ends the text early: "Your shopping list now has milk." for ~5 s of
+# speech that goes on "bread and eggs on it. Is there anything else you need?" (1 in 15 noisy Piper takes of
+# that reply; the full window, 0 in 75). Slower than 1.5 words a second over 3 s or more of speech (slow
+# speech is ~2 words a second; the corpus' slowest take 2.06) is taken as cut short and decoded again in full.
+FIT_MIN_WORDS_PER_S = 1.5
+FIT_CHECK_MIN_S = 3.0
 _MAX_COMPRESSION = 2.4  # faster-whisper's own threshold for repetitive (hallucinated) text
 
 
@@ -66,13 +72,18 @@ def cut_repeat(text: str, min_words: int = 3) -> str:
     return text
 
 
+def cut_short(text: str, speech_s: float) -> bool:
+    """Whether `text` is too few words for `speech_s` seconds of speech: a decode that stopped early."""
+    return speech_s >= FIT_CHECK_MIN_S and len(text.split()) < FIT_MIN_WORDS_PER_S * speech_s
+
+
 class WhisperTranscriber:
     """faster-whisper over a CTranslate2 Whisper folder (e.g. the embedded tiny.en).
 
     `fitted_window` (the default): an utterance of up to ~29 s is encoded over a window fitted to it rather than
     Whisper's 30 s (see FIT_MIN_FRAMES): ~70 instead of ~250 ms for a spoken request. Longer audio, a decode that
-    hit its token cap or came out repetitive, and multilingual models without a set language take
-    faster-whisper's own transcribe().
+    hit its token cap, came out repetitive or stopped early (`cut_short`), and multilingual models without a set
+    language take faster-whisper's own transcribe().
 
     Guards against text invented from silence or noise, in three layers:
     1. faster-whisper's own Silero VAD filter (`vad_filter`): audio with no speech decodes to nothing;
@@ -167,6 +178,8 @@ class WhisperTranscriber:
         text = cut_repeat(full_text)
         if (len(tokens) >= cap and text == full_text) or get_compression_ratio(text) > _MAX_COMPRESSION:
             return None  # ran on without repeating itself, or repetitive within: not to be trusted
+        if cut_short(text, len(audio) / SAMPLE_RATE):
+            return None
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)  # as faster-whisper computes it
         return SimpleNamespace(text=text, no_speech_prob=float(result.no_speech_prob), avg_logprob=float(avg_logprob))
 

@@ -1,6 +1,8 @@
 """Whisper tiny.en (embedded) on the spoken corpus: word error rate per voice, round trip, hallucination guards."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,32 @@ def test_the_fitted_window_hears_the_corpus_as_well_as_the_full_one(tiny_transcr
     print(f"\nWER fitted {corpus.wer(refs, fitted):.4f}, full window {corpus.wer(refs, whole):.4f}")
     assert fell_back == []
     assert corpus.wer(refs, fitted) <= corpus.wer(refs, whole) + 0.02
+
+
+def test_a_fitted_decode_that_stops_early_goes_to_the_full_window(tiny_transcriber, corpus_piper_fixed):
+    """Seen in CI: the fitted window heard ~4.6 s of the shopping-list reply as "Your shopping list now has milk."."""
+    from voice.asr import cut_short
+
+    assert cut_short("Your shopping list now has milk.", 4.6)
+    assert not cut_short(corpus.REPLIES[4], 4.6)
+    assert not cut_short("Yes.", 1.2) and not cut_short("Play some relaxing music please", 2.4)
+    clip = np.concatenate(corpus_piper_fixed[:3])  # three requests, ~5 s
+    early = SimpleNamespace(sequences_ids=[tiny_transcriber._tokenizer.encode(" What is")], scores=[-0.1],
+                            no_speech_prob=0.01)  # fmt: skip
+    real = tiny_transcriber._model.model
+
+    class StopsEarly:  # the real CTranslate2 model, but its decode ends after two words
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def generate(self, *args, **kwargs):
+            return [early]
+
+    tiny_transcriber._model.model = StopsEarly()
+    try:
+        assert len(clip) > 3.5 * 16000 and tiny_transcriber._decode_fitted(clip) is None
+    finally:
+        tiny_transcriber._model.model = real
 
 
 def test_a_decode_that_starts_over_is_cut_and_long_audio_goes_to_the_full_window(tiny_transcriber, corpus_piper_fixed):
