@@ -259,7 +259,7 @@ async def test_closing_the_session_sends_a_held_trace_to_the_log(monkeypatch: py
         assert len(h.traces) == 1 and "playback_start" not in h.traces[0].marks_ms()
 
 
-async def test_the_system_prompt_is_cached_before_the_first_turn_and_again_after_a_persona_switch() -> None:
+async def test_the_prompt_is_cached_before_the_first_turn_and_again_after_a_persona_switch() -> None:
     async with Harness(warm_prompt=True) as h:
         h.session.text_input("hello")
         await h.wait_for("response.done")
@@ -271,19 +271,30 @@ async def test_the_system_prompt_is_cached_before_the_first_turn_and_again_after
         h.session.text_input("hi")
         await h.wait_for("response.done", 2)
         warm_again, reply_again = h.engine.requests[2:]
-        assert [(m.role, m.content) for m in warm_again.messages] == [("system", "Be brief.")]
+        assert [(m.role, m.content) for m in warm_again.messages] == [("system", "Be brief."), *h.session.history[:2]]
         assert reply_again.messages[0].content == "Be brief." and reply_again.sampling.max_new_tokens == 3
+        assert reply_again.messages[:-1] == warm_again.messages  # the new persona's prompt so far, warmed
 
 
 async def test_a_long_conversation_drops_its_oldest_half_at_once_and_keeps_the_rest_stable() -> None:
-    async with Harness(history_chars=400) as h:
+    async with Harness(history_chars=400, warm_prompt=True) as h:
+        warmed_after_drop, opening = 0, None
         for i in range(12):
             h.session.text_input(f"question number {i} " + "x" * 40)
             await h.wait_for("response.done", i + 1)
+            if opening is not None and h.session.history[0] != opening:  # this reply's end dropped some
+                # the shorter prompt goes back into the cache at once: wait for it before the next turn
+                prompt = [w for role, text in h.session.messages() for w in (role, *text.split())]
+                async with asyncio.timeout(10):
+                    while h.engine.slots.get("s1") != prompt:
+                        await asyncio.sleep(0.005)
+                warmed_after_drop += 1
+            opening = h.session.history[0]
         traces = [await h.wait_for("turn.trace", n) for n in range(1, 13)]
         drops = [t["context"] for t in traces if "context" in t]
         assert drops and all(d["dropped_messages"] >= 4 for d in drops)  # in large steps, not one by one
         assert len(drops) <= 4  # 12 turns of ~100 characters each against a 400-character history
+        assert warmed_after_drop > 0
         assert sum(len(text) for _, text in h.session.history) <= 400 + 200
         assert h.session.history[0][0] == "user"  # it never opens on a reply
         # between drops the prompt's prefix stays put: each request extends the one before
@@ -291,3 +302,8 @@ async def test_a_long_conversation_drops_its_oldest_half_at_once_and_keeps_the_r
         for before, after in zip(requests, requests[1:]):
             if after.messages[1] == before.messages[1]:
                 assert after.messages[: len(before.messages)] == before.messages
+        # and no turn pays for the drop: each reply reads at most the last exchange (the fake engine's cache
+        # holds prompts, not the words it generated), never the whole kept history
+        for trace, request in zip(traces, requests):
+            last_two = sum(1 + len(m.content.split()) for m in request.messages[-2:])
+            assert trace["llm"]["prefill_tokens"] <= last_two, trace
