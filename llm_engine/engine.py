@@ -316,7 +316,7 @@ class Engine:
             if job.req.session_id in busy_sessions:
                 continue  # one request per session at a time: they share the slot's cache
             with self._lock:
-                slot = self.slots.acquire(job.req.session_id)
+                slot = self.slots.acquire(job.req.session_id, job.gen.prompt, shared=job.req.share_prefix)
             if slot is None:
                 return  # every slot is busy: FIFO, so later arrivals wait too
             job.slot = slot

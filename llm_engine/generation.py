@@ -60,7 +60,7 @@ class Generation:
         self.device = device
         self.generator = make_generator(req.sampling.seed)  # CPU generator: same draws on any device
         self.detok = tokenizer.detokenizer()
-        self.stop_filter = StopStringFilter(tokenizer.stop_strings)
+        self.stop_filter = StopStringFilter((*tokenizer.stop_strings, *req.sampling.stop))
         self.prompt: list[int] = []
         self.generated: list[int] = []
         self.pending: int | None = None  # sampled but not yet fed through the model

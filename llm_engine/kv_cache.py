@@ -64,6 +64,7 @@ class SlotState:
     tokens: list[int] = field(default_factory=list)  # token ids whose keys/values the slot holds, in order
     busy: bool = False  # a request is running in it: never evicted
     last_used: int = 0  # logical clock for LRU eviction
+    shared: bool = False  # held for an anonymous request: another may take it over by prefix (acquire)
 
 
 class SlotTable:
@@ -79,24 +80,36 @@ class SlotTable:
                 return i
         return None
 
-    def acquire(self, session_id: str) -> int | None:
-        """The session's own slot, else a free one, else the least-recently-used idle one; None if all are busy."""
+    def acquire(self, session_id: str, prompt: Sequence[int] = (), *, shared: bool = False) -> int | None:
+        """The session's own slot, else a free one, else the least-recently-used idle one; None if all are busy.
+
+        shared (an anonymous request): first, the idle shared slot whose cache shares the longest prefix with
+        `prompt`, if any does; the slot stays shared."""
         own = self.slot_of(session_id)
         if own is not None:
-            return None if self.slots[own].busy else self._take(own, session_id, keep=True)
+            return None if self.slots[own].busy else self._take(own, session_id, keep=True, shared=shared)
+        if shared:
+            best, best_len = None, 0
+            for i, s in enumerate(self.slots):
+                n = common_prefix_len(s.tokens, prompt) if s.shared and not s.busy else 0
+                if n > best_len:
+                    best, best_len = i, n
+            if best is not None:
+                return self._take(best, session_id, keep=True, shared=True)
         for i, s in enumerate(self.slots):
             if s.session_id is None:
-                return self._take(i, session_id, keep=False)
+                return self._take(i, session_id, keep=False, shared=shared)
         idle = [i for i, s in enumerate(self.slots) if not s.busy]
         if not idle:
             return None
-        return self._take(min(idle, key=lambda i: self.slots[i].last_used), session_id, keep=False)
+        return self._take(min(idle, key=lambda i: self.slots[i].last_used), session_id, keep=False, shared=shared)
 
-    def _take(self, i: int, session_id: str, *, keep: bool) -> int:
+    def _take(self, i: int, session_id: str, *, keep: bool, shared: bool) -> int:
         s = self.slots[i]
         if not keep:
             s.tokens = []  # an evicted slot's contents belong to someone else: reuse nothing
         s.session_id = session_id
+        s.shared = shared
         s.busy = True
         self._clock += 1
         s.last_used = self._clock

@@ -19,6 +19,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 = off
     seed: int | None = None
     max_new_tokens: int = 256  # 0 = prefill only (prepare the cache ahead of the turn end)
+    stop: tuple[str, ...] = ()  # more stop strings, besides the chat template's own; not part of the text
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class GenerateRequest:
     # also report FinishEvent.end_prob: how likely the last (user) message is complete as it stands, read from
     # the prompt's own forward (the turn-taking signal of a voice front-end; costs one extra row of the head)
     probe_user_end: bool = False
+    # an anonymous request (no conversation of its own, e.g. over HTTP without an affinity key): it may take over
+    # the idle slot of another such request whose cache shares the longest prefix with its prompt (a conversation
+    # continued), and leaves its own slot to the next one the same way
+    share_prefix: bool = False
 
 
 @dataclass(frozen=True)

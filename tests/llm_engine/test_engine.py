@@ -65,6 +65,34 @@ def test_prefill_only_request_prepares_the_cache_for_the_real_one(smol_engine):
     smol_engine.release("ahead-fresh")
 
 
+def test_a_request_s_own_stop_strings_end_it_and_are_not_part_of_the_text(smol_engine):
+    msgs = [SYSTEM, ChatMessage("user", "Tell me about yourself.")]
+    _, free, _ = ask(smol_engine, "stop-a", msgs, max_new=40)
+    stop = " " + free.split()[5]  # greedy: the same text again, up to where this word first comes
+    cut = free.index(stop)
+    ids, text, fin = ask(smol_engine, "stop-b", msgs, max_new=40, stop=(stop,))
+    assert fin.reason == "stop" and text == free[:cut] and len(ids) < 40
+    for s in ("stop-a", "stop-b"):
+        smol_engine.release(s)
+
+
+def test_an_anonymous_request_continuing_another_s_conversation_reuses_its_cache(small_engine):
+    turn1 = [SYSTEM, ChatMessage("user", "Name a fruit.")]
+    shared = dict(max_new_tokens=8)
+
+    def anon(name: str, msgs):
+        req = GenerateRequest(name, tuple(msgs), SamplingParams(**shared), share_prefix=True)
+        return small_engine.submit(req).collect()
+
+    _, text1, fin1 = anon("http-1", turn1)
+    assert fin1.timings.reused_tokens == 0
+    turn2 = turn1 + [ChatMessage("assistant", text1), ChatMessage("user", "And a vegetable?")]
+    _, _, fin2 = anon("http-2", turn2)  # another id: found by prefix, not by name
+    assert fin2.timings.reused_tokens >= len(small_engine.tokenizer.apply_chat_template(turn1)) - 3
+    _, _, fin3 = ask(small_engine, "a-session", turn2, max_new=8)  # a named session never takes a shared slot
+    assert fin3.timings.reused_tokens == 0
+
+
 def test_cancel_from_the_callback_stops_before_the_next_step_and_frees_the_slot(small_engine):
     holder: dict = {}
     seen: list = []

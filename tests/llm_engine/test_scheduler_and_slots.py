@@ -136,3 +136,22 @@ def test_a_held_job_sits_steps_out_and_keeps_its_place():
     s.remove(3)
     s.hold(3, True)  # gone: a late hold is ignored
     assert s.plan().decode == (1,)
+
+
+def test_an_anonymous_request_takes_over_the_shared_slot_with_the_longest_common_prefix():
+    t = SlotTable(3)
+    own = t.acquire("voice")  # a session's slot: never taken by prefix, however much it shares
+    t.slots[own].tokens = [1, 2, 3, 4, 5]
+    t.finish(own)
+    a = t.acquire("anon-1", [1, 2, 9], shared=True)
+    t.slots[a].tokens = [1, 2, 9, 9]
+    t.finish(a)
+    b = t.acquire("anon-2", [7, 7], shared=True)  # shares nothing with anyone: a free slot
+    assert b not in (own, a) and t.slots[b].tokens == []
+    t.slots[b].tokens = [7, 7, 8]
+    t.finish(b)
+    c = t.acquire("anon-3", [1, 2, 9, 9, 4], shared=True)  # continues anon-1's conversation
+    assert c == a and t.slots[c].tokens == [1, 2, 9, 9] and t.slot_of("anon-1") is None and t.slots[c].shared
+    assert t.acquire("anon-4", [7, 7, 8, 1], shared=True) == b
+    # "voice" shares the most, but is not shared: it is only evicted as the least recently used, its cache dropped
+    assert t.acquire("anon-5", [1, 2, 3, 4, 5, 6], shared=True) == own and t.slots[own].tokens == []
