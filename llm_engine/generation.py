@@ -189,4 +189,4 @@ class Generation:
         if queue_s is not None:
             self.timings = replace(self.timings, queue_ms=1000 * (queue_s - self.submitted_s))
         self.finished = True
-        return [FinishEvent(reason, self.timings, self.end_prob)]
+        return [FinishEvent(reason, self.timings, self.end_prob, len(self.generated))]

@@ -62,6 +62,7 @@ class FinishEvent:
     reason: str  # "stop" | "length" | "cancelled" | "context"
     timings: Timings
     end_prob: float | None = None  # with probe_user_end: P(the user's message ends where it does); None if unknown
+    generated: int = 0  # tokens of the reply (a stop token not counted): OpenAI's completion_tokens
 
 
 @dataclass(frozen=True)

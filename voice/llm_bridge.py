@@ -28,6 +28,7 @@ class LlmFinish:
     decode_tokens: int
     queue_ms: float = 0.0  # submit -> prefill start: e.g. waiting behind this session's ahead prefill
     end_prob: float | None = None  # asked with probe_user_end: P(the user's message is complete as it stands)
+    generated_tokens: int = 0  # the reply's tokens
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def _translate(ev: Any) -> LlmEvent:
         t = ev.timings
         return LlmFinish(
             ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens),
-            float(t.queue_ms), ev.end_prob,
+            float(t.queue_ms), ev.end_prob, int(ev.generated),
         )  # fmt: skip
     if isinstance(ev, ErrorEvent):
         return LlmError(ev.message)

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ from voice.chunker import PhraseChunker
 from voice.outbox import Outbox
 from voice.trace import TurnTrace
 from voice.tts import Tts
+from voice.tts_stream import synthesize_async
 
 AUDIO_PIECE_MS = 100.0  # audio message size: small enough that a clear drops little, large enough to be cheap
 
@@ -82,8 +84,6 @@ class WorkCounter:
     def active(self) -> int:
         return self._n
 
-
-_END = object()
 
 
 @dataclass
@@ -159,45 +159,15 @@ class Reply:
             self.spans[-1] = PhraseSpan(last.text, last.start_ms, last.end_ms)
 
     async def _synthesize(self, phrase: str) -> AsyncIterator[np.ndarray]:
-        """Run the TTS generator in a worker thread; chunks come back through the loop. Leaving early sets
-        `stop`, which the worker checks between chunks before closing the generator."""
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue[object] = asyncio.Queue()
-        stop = threading.Event()
-        tts, rate = self.voice.tts, self.speaking_rate
-
-        def put(item: object) -> None:
-            try:
-                loop.call_soon_threadsafe(chunks.put_nowait, item)
-            except RuntimeError:  # the loop closed under us: the session is gone
-                pass
-
-        def work() -> None:
-            with self.tts_work:
-                gen = tts.synthesize(phrase, rate=rate, voice=self.voice.speaker)
-                try:
-                    for chunk in gen:
-                        if stop.is_set():
-                            break
-                        put(chunk)
-                except Exception as exc:  # handed to the loop, re-raised there: the reply fails, the session lives
-                    put(exc)
-                finally:
-                    gen.close()
-                    put(_END)
-
-        worker = threading.Thread(target=work, name=f"tts-turn{self.turn_id}", daemon=True)
-        worker.start()
-        try:
-            while (item := await chunks.get()) is not _END:
-                if isinstance(item, Exception):
-                    raise item
-                assert isinstance(item, np.ndarray)
+        """The phrase's audio at the output rate, synthesized in a worker thread (voice.tts_stream)."""
+        tts = self.voice.tts
+        chunks = synthesize_async(tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work,
+                                  name=f"tts-turn{self.turn_id}")  # fmt: skip
+        async with aclosing(chunks):
+            async for chunk in chunks:
                 if self.trace is not None:
                     self.trace.mark("tts_first_audio")
-                yield resample(item, tts.sample_rate, self.output_sample_rate)
-        finally:
-            stop.set()
+                yield resample(chunk, tts.sample_rate, self.output_sample_rate)
 
     async def _send_audio(self, audio: np.ndarray) -> None:
         piece = max(1, int(self.output_sample_rate * AUDIO_PIECE_MS / 1000))

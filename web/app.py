@@ -139,6 +139,11 @@ def create_app(
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
         return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
+    if cfg.server.openai_api:
+        from web.openai_api.app import mount
+
+        mount(app, cfg, lambda: state.runtime)  # type: ignore[arg-type,return-value]  # loaded before serving
+
     @app.websocket("/ws")
     async def ws_endpoint(ws: WebSocket) -> None:
         await handle(ws, state)

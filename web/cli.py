@@ -1,4 +1,4 @@
-"""The `parley` command: serve, models, chat, client.
+"""The `parley` command: serve, stages, models, chat, client.
 
 The only place that reads CLI flags; turns config errors into one line and exit code 2.
 """
@@ -20,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the assistant server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    stages = sub.add_parser("stages", help="serve the loaded stages over the OpenAI-compatible HTTP APIs (no voice sessions)")
+    stages.add_argument("--host")
+    stages.add_argument("--port", type=int)
     sub.add_parser("models", help="list each stage's model and where it is")
     chat = sub.add_parser("chat", help="text chat with the LLM engine in the terminal")
     chat.add_argument("--persona")
@@ -54,10 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from web.models_table import print_models
 
         return 0 if print_models(cfg) else 1
-    if args.command == "serve":
+    if args.command in ("serve", "stages"):
         from web.server import serve
 
-        return serve(cfg)
+        return serve(cfg, stages_only=args.command == "stages")
     if args.command == "chat":
         from web.chat import chat_command
 

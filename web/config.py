@@ -121,6 +121,8 @@ class ServerConfig(_Strict):
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be in by then
     max_header_bytes: int = Field(65536, ge=4096)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: how long running replies may go on before the close
+    openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
+    openai_voices: dict[str, str] = Field(default_factory=dict)  # OpenAI voice name -> a configured voice
 
 
 class Persona(_Strict):
@@ -224,6 +226,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     for stage, budget in cfg.budgets_ms.items():
         if budget < 0:
             raise ConfigError(f"{cfg_path}: budgets_ms.{stage}: budget must be >= 0 (got {budget})")
+    for alias, voice in cfg.server.openai_voices.items():
+        if voice not in cfg.voices:
+            raise ConfigError(f"{cfg_path}: server.openai_voices.{alias}: unknown voice {voice!r} (known: {', '.join(sorted(cfg.voices))})")
     personas_dir = (cfg_path.parent / cfg.personas_dir).resolve()
     defs: dict[str, Persona] = {}
     for i, name in enumerate(cfg.personas):

@@ -60,7 +60,8 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})  # before accept: the handshake is refused
         return
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    # OpenAI's error shape, so its SDKs raise their own AuthenticationError on a wrong key
+    body = json.dumps({"error": {"message": message, "type": code, "param": None, "code": code}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})

@@ -55,7 +55,8 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(cfg: AppConfig) -> int:
+def serve(cfg: AppConfig, *, stages_only: bool = False) -> int:
+    """stages_only (`parley stages`): the OpenAI-compatible routes alone (web.openai_api), no voice sessions."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("asyncio", "uvicorn.error"):  # accept failures and bad requests can come thousands a second
         logging.getLogger(noisy).addFilter(RepeatFilter())
@@ -72,7 +73,12 @@ def serve(cfg: AppConfig) -> int:
     loads = ", ".join(f"{k} {v:.1f} s" for k, v in runtime.load_s.items())
     print(f"Parley: models ready in {time.perf_counter() - t0:.1f} s ({loads})", flush=True)
 
-    app = create_app(cfg, runtime=runtime)
+    if stages_only:
+        from web.openai_api.app import create_stages_app
+
+        app = create_stages_app(cfg, runtime=runtime)
+    else:
+        app = create_app(cfg, runtime=runtime)
     s = cfg.server
     fds = raise_fd_limit()
     server = DrainingServer(
@@ -87,7 +93,8 @@ def serve(cfg: AppConfig) -> int:
             log_level="warning",
             lifespan="on",
         ),
-        drain=lambda: drain(app.state.parley, s.shutdown_grace_s),
+        # HTTP requests in flight are waited for by uvicorn's own shutdown
+        drain=(lambda: asyncio.sleep(0)) if stages_only else (lambda: drain(app.state.parley, s.shutdown_grace_s)),
     )
     try:
         return asyncio.run(_run(server, cfg.server.host))
@@ -101,6 +108,6 @@ async def _run(server: uvicorn.Server, host: str) -> int:
         await asyncio.sleep(0.05)
     if server.started:
         port = server.servers[0].sockets[0].getsockname()[1]  # the real port when the config says 0
-        print(f"Parley is listening on http://{host}:{port}", flush=True)
+        print(f"Parley is listening on http://{host}:{port}", flush=True)  # the tests and the bench read this line
     await task
     return 0 if server.started else 1

@@ -1,0 +1,181 @@
+"""The OpenAI-compatible stage routes (web.openai_api) with the real `openai` SDK as the client, on loopback:
+chat completions streamed and whole, stop, max_tokens, usage, concurrent streams, a client that leaves mid-stream,
+the token, transcription of a spoken clip and synthesized speech heard back. The stages app runs on the shared
+live server's loaded models (another port, the same engine)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+import uvicorn
+
+import audio_corpus as corpus
+from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
+from server_config import TOKEN
+from web.openai_api.app import create_stages_app
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+            {"role": "user", "content": "What is the capital of France?"}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stages_url(live_server) -> Iterator[str]:
+    app = create_stages_app(live_server.cfg, runtime=live_server.runtime)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), name="stages-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "stages server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+def client(stages_url) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stages_url, api_key=TOKEN, max_retries=0)
+
+
+def in_process(engine, max_new: int, **sampling) -> str:
+    msgs = tuple(ChatMessage(m["role"], m["content"]) for m in MESSAGES)
+    req = GenerateRequest("in-process", msgs, SamplingParams(max_new_tokens=max_new, **sampling))
+    text = engine.submit(req).collect()[1]
+    engine.release("in-process")
+    return text
+
+
+async def test_chat_whole_and_streamed_equal_the_in_process_engine_greedy(client, live_server):
+    expected = in_process(live_server.runtime.engine, 24)
+    whole = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=24, temperature=0)
+    assert whole.choices[0].message.content == expected and whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason in ("stop", "length") and whole.object == "chat.completion"
+    usage = whole.usage
+    assert usage.prompt_tokens > 20 and 0 < usage.completion_tokens <= 24
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    stream = await client.chat.completions.create(model="any", messages=MESSAGES, max_completion_tokens=24,
+                                                  temperature=0, stream=True, stream_options={"include_usage": True})  # fmt: skip
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == usage.completion_tokens
+
+
+async def test_stop_and_max_tokens(client, live_server):
+    free = in_process(live_server.runtime.engine, 24)
+    stop = " " + free.split()[2]
+    cut = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == free[: free.index(stop)] and cut.choices[0].finish_reason == "stop"
+    short = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=3, temperature=0)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+    listed = await client.models.list()
+    assert [m.id for m in listed.data][0] == "parley-llm"
+
+
+async def test_a_continued_conversation_reuses_the_cache_by_user_and_by_prefix(client):
+    first = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=8, temperature=0, user="conv-1")
+    more = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And of Spain?"}]  # fmt: skip
+    keyed = await client.chat.completions.create(model="any", messages=more, max_tokens=8, temperature=0, user="conv-1")
+    assert keyed.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens - 5
+    first_anon = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=8, temperature=0)
+    anon = await client.chat.completions.create(model="any", messages=more, max_tokens=8, temperature=0)
+    assert first_anon.choices[0].message.content == first.choices[0].message.content
+    assert anon.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens - 5
+
+
+async def test_four_concurrent_streams_and_a_client_that_leaves_frees_its_slot(client, live_server):
+    engine = live_server.runtime.engine
+    expected = in_process(engine, 16)
+
+    async def one() -> str:
+        stream = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16, temperature=0, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    assert await asyncio.gather(*(one() for _ in range(4))) == [expected] * 4
+
+    long = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    stream = await client.chat.completions.create(model="any", messages=long, max_tokens=400, temperature=0, stream=True)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    assert any(s.busy for s in engine.slots.slots)
+    await stream.close()  # the client leaves mid-stream
+    deadline = time.monotonic() + 10
+    while any(s.busy for s in engine.slots.slots):
+        assert time.monotonic() < deadline, "the slot of a stream whose client left is still busy"
+        await asyncio.sleep(0.01)
+    prompt = len(engine.tokenizer.apply_chat_template([ChatMessage("user", long[0]["content"])]))
+    last = max(engine.slots.slots, key=lambda s: s.last_used)
+    assert prompt <= len(last.tokens) < prompt + 100  # cancelled a few tokens in, not run to 400
+
+
+async def test_a_wrong_token_and_bad_requests_are_answered_in_openai_s_shape(stages_url):
+    wrong = openai.AsyncOpenAI(base_url=stages_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        await wrong.chat.completions.create(model="any", messages=MESSAGES)
+    assert err.value.status_code == 401 and "token" in err.value.body["message"]
+    ok = openai.AsyncOpenAI(base_url=stages_url, api_key=TOKEN, max_retries=0)
+    for bad, param in (({"messages": []}, "messages"), ({"messages": MESSAGES, "n": 2}, "n"),
+                       ({"messages": MESSAGES, "temperature": 9}, "temperature")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            await ok.chat.completions.create(model="any", **bad)
+        assert err.value.body["param"] == param and err.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as err:
+        await ok.audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
+    assert "unknown voice" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        await ok.audio.transcriptions.create(model="whisper-1", file=("x.wav", b"not audio"))
+
+
+async def test_transcription_of_a_spoken_clip(client):
+    said = corpus.REQUESTS[:3]
+    heard = []
+    for text in said:
+        audio, rate = corpus.speak_piper(text, deterministic=True)
+        buf = io.BytesIO()
+        sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
+        result = await client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", buf.getvalue()))
+        heard.append(result.text)
+    assert corpus.wer(said, heard) <= 0.1, heard
+    verbose = await client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", buf.getvalue()),
+                                                       response_format="verbose_json")  # fmt: skip
+    assert verbose.text == heard[-1] and verbose.duration == pytest.approx(len(audio) / rate, abs=0.05)
+
+
+async def test_speech_is_streamed_at_24_khz_and_heard_back(client):
+    text = corpus.REPLIES[1]
+    pieces = []
+    async with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=text,
+                                                                  response_format="pcm") as response:  # fmt: skip
+        async for piece in response.iter_bytes():
+            pieces.append(piece)
+    pcm = b"".join(pieces)
+    assert len(pieces) > 1 and len(pcm) % 2 == 0
+    audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    assert 2.0 < len(audio) / 24000 < 10.0  # a sentence at 24 kHz, not at 22.05 or 16
+    transcript = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", _wav(audio, 24000)))
+    assert corpus.wer(text, transcript.text) <= 0.1, transcript.text
+    wav = await client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.", response_format="wav")
+    decoded, rate = sf.read(io.BytesIO(wav.content))
+    assert rate == 24000 and len(decoded) > 0.3 * rate
+
+
+def _wav(audio: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()

@@ -1,0 +1,1 @@
+"""Parley's loaded stages served over the OpenAI-compatible HTTP APIs: chat completions, transcriptions, speech."""
