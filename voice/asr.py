@@ -239,6 +239,7 @@ class StreamingTranscriber:
         agreement_n: int = 2,
     ) -> None:
         self._transcriber = transcriber
+        self._partials = getattr(transcriber, "streams_partials", True)  # a remote recogniser hears finals only
         self.partial_interval_ms = partial_interval_ms
         self.min_partial_audio_ms = min_partial_audio_ms
         self._agreement = LocalAgreement(agreement_n)
@@ -273,6 +274,8 @@ class StreamingTranscriber:
         return self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
 
     def partial_due(self) -> bool:
+        if not self._partials:
+            return False
         new_ms = 1000.0 * (self._samples - self._decoded_samples) / SAMPLE_RATE
         return self.audio_ms >= self.min_partial_audio_ms and new_ms >= self.partial_interval_ms
 

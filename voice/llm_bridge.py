@@ -94,6 +94,8 @@ class LlmCall:
 class LlmBridge:
     """Wraps one started Engine (or anything with its submit/release/active_slots shape)."""
 
+    probes_user_end = True  # prefill(probe_user_end=True) reads the end-of-turn probability (voice.remote.llm: no)
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 

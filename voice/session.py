@@ -309,7 +309,9 @@ class Session:
         if utt is None:
             return
         policy = self.settings.turns
-        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, policy.uses_text)
+        # a remote LLM gives no text signal: the check does not wait for the work ahead to read one
+        text = policy.uses_text and getattr(self.stages.llm, "probes_user_end", True)
+        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, text)
         self._apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
 
     def _end_turn(self, a: EndTurn) -> None:

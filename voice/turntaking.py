@@ -64,7 +64,10 @@ class TurnPolicy:
             known = True
         if self.uses_audio and audio_prob is not None:
             p = min(max(audio_prob, 1e-6), 1 - 1e-6)
-            log_odds += (self.audio_weight if self.detection == "combined" else 1.0) * math.log(p / (1 - p))
+            # beside the text signal the audio model is a tie-breaker; without it (a remote LLM exposes none, or
+            # the probe missed the check) it decides alone, as in smart_turn
+            weight = self.audio_weight if self.detection == "combined" and text_prob is not None else 1.0
+            log_odds += weight * math.log(p / (1 - p))
             known = True
         return 1.0 / (1.0 + math.exp(-log_odds)) if known else None
 

@@ -58,7 +58,18 @@ class VadConfig(_Strict):
         return self
 
 
+class Remote(_Strict):
+    """A stage behind an OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama, speaches, `parley stages`)."""
+
+    base_url: str = Field(pattern=r"^https?://")  # e.g. http://llm:8000/v1
+    model: str = ""  # the name the server knows the model by ("" lets a single-model server choose)
+    api_key_env: str | None = None  # the environment variable holding the key (never the key in a file)
+    timeout_s: float = Field(30.0, gt=0)
+
+
 class AsrModel(_Strict):
+    backend: Literal["local", "openai"] = "local"
+    remote: Remote | None = None  # backend openai: the server; only final transcripts go there (no partials)
     source: str = "embedded"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     compute_type: str = "int8_float32"
@@ -71,6 +82,8 @@ class AsrConfig(_Strict):
 
 
 class LlmConfig(_Strict):
+    backend: Literal["local", "openai"] = "local"
+    remote: Remote | None = None  # backend openai: the server (the engine settings below then do not apply)
     source: str = "embedded"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -85,10 +98,21 @@ class LlmConfig(_Strict):
 
 
 class VoiceConfig(_Strict):
-    backend: Literal["piper", "flite", "espeak-ng", "coqui"]
+    backend: Literal["piper", "flite", "espeak-ng", "coqui", "openai"]
     source: str = "embedded"
-    speaker: str | None = None
+    speaker: str | None = None  # openai: the server's voice name (default alloy)
     description: str = ""
+    remote: Remote | None = None  # backend openai: the speech server
+
+    @model_validator(mode="after")
+    def _remote(self) -> "VoiceConfig":
+        _needs_remote(self.backend, self.remote)
+        return self
+
+
+def _needs_remote(backend: str, remote: Remote | None) -> None:
+    if backend == "openai" and remote is None:
+        raise ValueError("backend openai needs remote.base_url")
 
 
 class TurnModelConfig(_Strict):
@@ -101,6 +125,12 @@ class ModelsConfig(_Strict):
     turn: TurnModelConfig = TurnModelConfig()
     asr: AsrModel = AsrModel()
     llm: LlmConfig = LlmConfig()
+
+    @model_validator(mode="after")
+    def _remotes(self) -> "ModelsConfig":
+        _needs_remote(self.asr.backend, self.asr.remote)
+        _needs_remote(self.llm.backend, self.llm.remote)
+        return self
 
 
 class ServerConfig(_Strict):

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Runtime:
     stages: Stages
-    engine: Any  # llm_engine Engine (or a fake with its shape); stopped by close()
+    engine: Any  # llm_engine Engine (or a fake with its shape); stopped by close(); None when the LLM is remote
     load_s: dict[str, float] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -45,8 +45,10 @@ def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
 
 
 def output_sample_rate(cfg: AppConfig) -> int:
-    """One rate for every session's audio: Piper's 22.05 kHz when a Piper voice exists, else 16 kHz."""
-    return 22050 if any(v.backend == "piper" for v in cfg.voices.values()) else 16000
+    """One rate for every session's audio: Piper's 22.05 kHz when a Piper voice exists, else a speech server's
+    24 kHz when one is configured, else 16 kHz."""
+    backends = {v.backend for v in cfg.voices.values()}
+    return 22050 if "piper" in backends else 24000 if "openai" in backends else 16000
 
 
 def turn_policy(cfg: AppConfig) -> TurnPolicy:
@@ -86,16 +88,26 @@ def _vad_factory(cfg: AppConfig) -> Callable[[], Vad]:
     return lambda: SileroVad(path)
 
 
+def remote_spec(remote: Any) -> Any:
+    from voice.remote.client import RemoteSpec
+
+    return RemoteSpec(remote.base_url, remote.model, remote.api_key_env, remote.timeout_s)
+
+
 def _voices(cfg: AppConfig, out_rate: int) -> dict[str, VoiceBinding]:
-    """One Tts object per backend (and per Piper model file), shared by the voices that name it."""
+    """One Tts object per backend (and per Piper model file or speech server), shared by the voices that name it."""
     from voice.tts import CommandTts, CoquiTts, PiperTts
 
     backends: dict[tuple[str, str], Any] = {}
     voices: dict[str, VoiceBinding] = {}
     for name, v in cfg.voices.items():
-        key = (v.backend, v.source if v.backend in ("piper", "coqui") else "")
+        key = (v.backend, v.remote.model_dump_json() if v.remote else v.source if v.backend in ("piper", "coqui") else "")
         if key not in backends:
-            if v.backend == "piper":
+            if v.backend == "openai":
+                from voice.remote.tts import RemoteTts
+
+                backends[key] = RemoteTts(remote_spec(v.remote))
+            elif v.backend == "piper":
                 backends[key] = PiperTts(resolve("tts", v.source, allow_downloads=cfg.models.allow_downloads))
             elif v.backend == "coqui":
                 backends[key] = CoquiTts(v.source, device="cpu")
@@ -121,29 +133,43 @@ def load(cfg: AppConfig) -> Runtime:
 
     t0 = time.perf_counter()
     a = cfg.models.asr
-    transcriber = WhisperTranscriber(
-        str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type, beam_size=a.beam_size,
-        fitted_window=a.window == "fit",
-    )
+    transcriber: Any
+    if a.backend == "openai":
+        from voice.remote.asr import RemoteTranscriber
+
+        transcriber = RemoteTranscriber(remote_spec(a.remote))
+    else:
+        transcriber = WhisperTranscriber(
+            str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type,
+            beam_size=a.beam_size, fitted_window=a.window == "fit",
+        )  # fmt: skip
     times["asr"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     m = cfg.models.llm
-    device = m.device
-    if device == "auto":
-        import torch  # lazy: only here do we need to ask whether a GPU exists
+    engine: Any = None
+    llm: Any
+    if m.backend == "openai":
+        from voice.remote.llm import RemoteLlm
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    engine = Engine.from_path(
-        resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
-        max_slots=m.max_slots, quant=m.quant, group_size=m.group_size, self_draft=m.self_draft,
-        cuda_graphs=m.cuda_graphs, native=m.native, kv_cache=m.kv_cache,
-    )
-    engine.start()
+        llm = RemoteLlm(remote_spec(m.remote))
+    else:
+        device = m.device
+        if device == "auto":
+            import torch  # lazy: only here do we need to ask whether a GPU exists
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        engine = Engine.from_path(
+            resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
+            max_slots=m.max_slots, quant=m.quant, group_size=m.group_size, self_draft=m.self_draft,
+            cuda_graphs=m.cuda_graphs, native=m.native, kv_cache=m.kv_cache,
+        )
+        engine.start()
+        llm = LlmBridge(engine)
+        cache = engine.cache
+        log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
+                 (cache.k.nbytes + cache.v.nbytes) // 2**20)
     times["llm"] = time.perf_counter() - t0
-    cache = engine.cache
-    log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
-             (cache.k.nbytes + cache.v.nbytes) // 2**20)
 
     t0 = time.perf_counter()
     voices = _voices(cfg, output_sample_rate(cfg))
@@ -157,7 +183,7 @@ def load(cfg: AppConfig) -> Runtime:
         turn_model = SmartTurn(resolve("turn", cfg.models.turn.source, allow_downloads=allow))
         times["turn"] = time.perf_counter() - t0
 
-    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=LlmBridge(engine), voices=voices, turn_model=turn_model)
+    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model)
     return Runtime(stages=stages, engine=engine, load_s=times)
 
 
@@ -167,19 +193,27 @@ def warm(runtime: Runtime) -> None:
     vad = stages.make_vad()
     vad.speech_prob(np.zeros(int(16000 * vad.frame_ms / 1000), dtype=np.float32))
     rng = np.random.default_rng(0)
-    stages.transcriber.transcribe((rng.standard_normal(16000) * 0.01).astype(np.float32))
-    stream = runtime.engine.submit(_warm_request())
-    for _ in stream:
-        pass
+    # a remote stage is not warmed here: it may be down at start and come up later (each turn then says why)
+    if not _remote(stages.transcriber):
+        stages.transcriber.transcribe((rng.standard_normal(16000) * 0.01).astype(np.float32))
+    if runtime.engine is not None:
+        for _ in runtime.engine.submit(_warm_request()):
+            pass
+        runtime.engine.release("__warmup__")
     if stages.turn_model is not None:
         stages.turn_model.complete_prob(np.zeros(16000, dtype=np.float32))
-    runtime.engine.release("__warmup__")
     seen: set[int] = set()
     for binding in stages.voices.values():
-        if id(binding.tts) not in seen:
+        if id(binding.tts) not in seen and not _remote(binding.tts):
             seen.add(id(binding.tts))
             for _ in binding.tts.synthesize("Hello.", voice=binding.speaker):
                 pass
+
+
+def _remote(stage: object) -> bool:
+    from voice.remote.client import RemoteSpec
+
+    return isinstance(getattr(stage, "spec", None), RemoteSpec)
 
 
 def load_and_warm(cfg: AppConfig) -> Runtime:

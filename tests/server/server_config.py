@@ -12,9 +12,18 @@ from web.config import DEFAULT_CONFIG
 TOKEN = "test-token"
 
 
-def write_test_config(root: Path, vad: dict[str, Any] | None = None, **server: Any) -> Path:
+def _merge(into: dict[str, Any], more: dict[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[str, Any] | None = None,
+                      **server: Any) -> Path:  # fmt: skip
     """configs/ copied to `root`, replies capped short (test runtime); VAD and barge-in settings as shipped unless
-    `vad` overrides some; `server` overrides server keys."""
+    `vad` overrides some; `server` overrides server keys; `more` is merged into the rest (e.g. models)."""
     dst = root / "configs"
     shutil.copytree(DEFAULT_CONFIG.parent, dst)
     for name in ("assistant", "concise"):
@@ -26,5 +35,6 @@ def write_test_config(root: Path, vad: dict[str, Any] | None = None, **server: A
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
                            "idle_timeout_s": 30, **server})  # fmt: skip
     data["vad"].update(vad or {})
+    _merge(data, more or {})
     (dst / "default.yaml").write_text(yaml.safe_dump(data))
     return dst / "default.yaml"

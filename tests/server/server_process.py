@@ -17,9 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerProcess:
-    def __init__(self, root: Path, **server: Any) -> None:
+    def __init__(self, root: Path, *, command: str = "serve", env: dict[str, str] | None = None,
+                 more: dict[str, Any] | None = None, **server: Any) -> None:  # fmt: skip
+        """command: `serve`, or `stages` (the OpenAI-compatible stage server); `more`: see write_test_config."""
         self.root = root
-        self.config = write_test_config(root, **server)
+        self.command = command
+        self.env = env or {}
+        root.mkdir(parents=True, exist_ok=True)
+        self.config = write_test_config(root, more=more, **server)
         self.log_path = root / "server.log"
         self.trace_log = root / "traces.jsonl"
         self.proc: subprocess.Popen[str] | None = None
@@ -27,8 +32,8 @@ class ServerProcess:
         self.lines: list[str] = []
 
     def start(self, timeout_s: float = 180.0) -> "ServerProcess":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "web.cli", "--config", str(self.config), "serve"], cwd=ROOT,
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = subprocess.Popen([sys.executable, "-m", "web.cli", "--config", str(self.config), self.command], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         found = threading.Event()
         threading.Thread(target=self._copy, args=(self.proc.stdout, found), daemon=True).start()
@@ -36,7 +41,7 @@ class ServerProcess:
         while not found.wait(0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("parley serve did not start:\n" + "".join(self.lines[-40:]))
+                raise RuntimeError(f"parley {self.command} did not start:\n" + "".join(self.lines[-40:]))
         return self
 
     def _copy(self, stream: IO[str] | None, found: threading.Event) -> None:

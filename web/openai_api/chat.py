@@ -61,6 +61,8 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str]) -> APIRout
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> JSONResponse | StreamingResponse:
         engine = runtime().engine
+        if engine is None:
+            raise ApiError(501, "this server's LLM is itself remote (models.llm.backend: openai)", type="server_error")
         session = body.user or request.headers.get(SESSION_HEADER)
         req = engine_request(body, session, engine.max_seq_len)
         call = LlmCall(engine, req)

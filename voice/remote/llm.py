@@ -1,0 +1,123 @@
+"""The LLM stage over any OpenAI-compatible chat completions server, in LlmBridge's shape.
+
+Streams through the official `openai` SDK; the session id goes as `user`, which `parley stages` (and routers
+that pin by it) use to keep the conversation's cache. Closing a call closes the HTTP stream, which a server
+takes as a cancel. The ahead-of-endpoint prefill is a 1-token request with the prompt so far: servers with a
+prefix cache (vLLM's automatic prefix caching, `parley stages`) then only prefill the new words at the turn
+end. A chat API exposes no prompt probabilities, so the text end-of-turn signal is unknown (None) and
+turn-taking decides from silence and audio.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from typing import Any
+
+from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken
+from voice.remote.client import RemoteSpec
+
+_REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
+
+
+class RemoteCall:
+    """One request's events: LlmToken... then one LlmFinish or LlmError; `aclose()` closes the stream."""
+
+    def __init__(self, events: AsyncIterator[LlmEvent]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> "RemoteCall":
+        return self
+
+    async def __anext__(self) -> LlmEvent:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()  # type: ignore[attr-defined]
+
+    def hold(self, on: bool) -> None:
+        """Nothing to pause on a remote server: the reply's tokens wait in the socket."""
+
+
+class RemoteLlm:
+    probes_user_end = False  # see the module doc: end-of-turn checks do not wait for a text signal
+
+    def __init__(self, spec: RemoteSpec) -> None:
+        self.spec = spec
+        self._key = spec.api_key()
+        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._active = 0
+
+    def _client(self) -> Any:
+        """One AsyncOpenAI per event loop: its connection pool belongs to the loop that made it."""
+        from openai import AsyncOpenAI  # lazy: only a remote LLM needs the SDK loaded
+
+        loop = asyncio.get_running_loop()
+        for old in [l for l in self._clients if l.is_closed()]:
+            del self._clients[old]
+        if loop not in self._clients:
+            self._clients[loop] = AsyncOpenAI(base_url=self.spec.base_url, api_key=self._key,
+                                              timeout=self.spec.timeout_s, max_retries=1)  # fmt: skip
+        return self._clients[loop]
+
+    def generate(
+        self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int,
+        temperature: float = 0.0, seed: int | None = None, probe_user_end: bool = False,
+    ) -> RemoteCall:  # fmt: skip
+        return RemoteCall(self._stream(session_id, messages, max(1, max_new_tokens), temperature, seed))
+
+    async def _stream(
+        self, session_id: str, messages: Sequence[tuple[str, str]], max_tokens: int, temperature: float, seed: int | None
+    ) -> AsyncIterator[LlmEvent]:
+        import openai
+
+        t0 = time.perf_counter()
+        first_ms = 0.0
+        reason, usage = "stop", None
+        self._active += 1
+        try:
+            stream = await self._client().chat.completions.create(
+                model=self.spec.model, messages=[{"role": r, "content": c} for r, c in messages], max_tokens=max_tokens,
+                temperature=temperature, seed=seed, user=session_id, stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            async with stream:  # leaving closes the response: the server takes it as a cancel
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    for choice in chunk.choices:
+                        if choice.delta.content:
+                            first_ms = first_ms or 1000.0 * (time.perf_counter() - t0)
+                            yield LlmToken(choice.delta.content)
+                        if choice.finish_reason:
+                            reason = _REASONS.get(choice.finish_reason, "stop")
+        except (openai.APIError, OSError) as exc:
+            yield LlmError(f"LLM server {self.spec.describe(exc)}")
+            return
+        finally:
+            self._active -= 1
+        prompt = getattr(usage, "prompt_tokens", 0) or 0
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+        completion = getattr(usage, "completion_tokens", 0) or 0
+        # the remote prefill is not seen apart from the network: submit -> first token stands for it
+        yield LlmFinish(reason, first_ms, prompt - cached, cached, max(0, completion - 1), 0.0, None, completion)
+
+    async def prefill(
+        self, session_id: str, messages: Sequence[tuple[str, str]], *, probe_user_end: bool = False
+    ) -> LlmFinish | LlmError:
+        """A 1-token request: the server caches the prompt's prefix for the real one (see the module doc)."""
+        last: LlmFinish | LlmError = LlmError("no finish event")
+        async with aclosing(self._stream(session_id, messages, 1, 0.0, None)) as events:
+            async for event in events:
+                if isinstance(event, LlmFinish | LlmError):
+                    last = event
+        if isinstance(last, LlmFinish):  # a prefill answers nothing: report it as one
+            last = LlmFinish("length", last.prefill_ms, last.prefill_tokens, last.reused_tokens, 0, 0.0, None, 0)
+        return last
+
+    def release(self, session_id: str) -> None:
+        """The server keeps or evicts the conversation's cache by its own policy."""
+
+    def active_slots(self) -> int:
+        return self._active
