@@ -37,8 +37,8 @@ class ServerProcess:
 
 
 def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, sets: tuple[str, ...] = (),
-                 port: int = 0, timeout_s: float = 180.0) -> ServerProcess:
-    """`parley serve` on 127.0.0.1 (port 0: any free one); returns once it prints that it is listening."""
+                 port: int = 0, timeout_s: float = 180.0, command: str = "serve") -> ServerProcess:
+    """`parley serve` (or `parley stages`) on 127.0.0.1 (port 0: any free one); returns once it is listening."""
     argv = [sys.executable, "-m", "web.cli"]
     if config:
         argv += ["--config", config]
@@ -46,7 +46,7 @@ def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, 
         argv += ["--set", s]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log = open(log_path, "w")  # noqa: SIM115  (the copier thread owns it)
-    proc = subprocess.Popen([*argv, "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([*argv, command], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     found = threading.Event()
     url: list[str] = []
@@ -55,7 +55,7 @@ def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, 
     while not found.wait(0.2):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"parley serve did not start (exit {proc.poll()}); see {log_path}")
+            raise RuntimeError(f"parley {command} did not start (exit {proc.poll()}); see {log_path}")
     return ServerProcess(proc, url[0], log_path)
 
 
@@ -73,10 +73,10 @@ def _copy(stream: IO[str] | None, log: IO[str], url: list[str], found: threading
 
 
 class ResourceSampler:
-    """CPU % (100 = one core) and peak RSS of one process between `start()` and `stop()`."""
+    """CPU % (100 = one core) and peak RSS of one process (or several, summed) between `start()` and `stop()`."""
 
-    def __init__(self, pid: int | None, interval_s: float = 0.5) -> None:
-        self.pid = pid
+    def __init__(self, pid: int | list[int] | None, interval_s: float = 0.5) -> None:
+        self.pids = [] if pid is None else [pid] if isinstance(pid, int) else list(pid)
         self.interval_s = interval_s
         self.cpu: list[float] = []
         self.rss_mb: list[float] = []
@@ -84,7 +84,7 @@ class ResourceSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.pid is None:
+        if not self.pids:
             return
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -101,11 +101,12 @@ class ResourceSampler:
         import psutil
 
         try:
-            proc = psutil.Process(self.pid)
-            proc.cpu_percent(None)
+            procs = [psutil.Process(pid) for pid in self.pids]
+            for proc in procs:
+                proc.cpu_percent(None)
             while not self._stop.wait(self.interval_s):
-                self.cpu.append(proc.cpu_percent(None))
-                self.rss_mb.append(proc.memory_info().rss / 2**20)
+                self.cpu.append(sum(proc.cpu_percent(None) for proc in procs))
+                self.rss_mb.append(sum(proc.memory_info().rss for proc in procs) / 2**20)
         except psutil.NoSuchProcess:
             return
 

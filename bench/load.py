@@ -1,7 +1,12 @@
 """Concurrency benchmark: 1, 2, 4, 8, 16 sessions at once, each holding a spoken conversation in real time;
 per level voice_to_voice median/p95, errors, server CPU and memory; the most sessions that hold the budgets.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py [--server URL] [--levels 1,2,4,8,16] [--turns 3] [--tiny]
+--topology split: one `parley stages` process and two `parley serve` front ends whose three stages are remote
+(sessions dealt round-robin, as a load balancer would), instead of everything in one process; `both` runs the
+two in turn and prints them side by side, with what the HTTP hop costs each stage.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py [--server URL] [--levels 1,2,4,8,16] [--turns 3]
+      [--topology one|split|both] [--tiny]
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 from bench import _prompts, _stats  # noqa: E402
 from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
-from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
+from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server  # noqa: E402
 from web.client.connection import ConnectError  # noqa: E402
 
 
@@ -36,8 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a level may run; unfinished turns count as errors (default 90)")
     p.add_argument("--out", default="artifacts/bench/load.json", help="JSON results (default %(default)s)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for the README)")
+    p.add_argument("--topology", choices=("one", "split", "both"), default="one",
+                   help="one process, or front ends + a stage server over HTTP, or both in turn (default one)")
+    p.add_argument("--fronts", type=int, default=2, help="front ends in the split topology (default 2)")
     p.add_argument("--tiny", action="store_true", help="one level of two sessions, one turn each: a smoke test")
     args = p.parse_args(argv)
+    if args.server and args.topology != "one":
+        p.error("--topology split/both starts its own processes: it cannot use --server")
     if args.tiny:
         args.levels, args.turns = "2", 1
         args.persona = args.persona or "concise"
@@ -45,10 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run_level(url: str, n: int, pool: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[str]]:
-    """`n` sessions at once; session i says pool[i*turns : (i+1)*turns] (wrapping), joining i*stagger/n s late."""
-    sessions = [ScriptedSession(url, session=i, token=args.token, persona=args.persona, turn_timeout_s=60.0)
-                for i in range(n)]
+async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[str]]:
+    """`n` sessions at once, dealt over `urls`; session i says pool[i*turns : (i+1)*turns] (wrapping), joining
+    i*stagger/n s late."""
+    sessions = [ScriptedSession(urls[i % len(urls)], session=i, token=args.token, persona=args.persona,
+                                turn_timeout_s=60.0) for i in range(n)]  # fmt: skip
 
     async def one(i: int) -> None:
         await asyncio.sleep(i * args.stagger / n)
@@ -103,6 +114,60 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), **res}
 
 
+def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ServerProcess]]:
+    """A `parley stages` process and `args.fronts` front ends whose recognition, LLM and voice point at it."""
+    logs = ROOT / "artifacts" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)
+    stages = start_server(logs / f"{out.stem}.stages.traces.jsonl", logs / f"{out.stem}.stages.log", config=args.config,
+                          sets=tuple(args.sets), command="stages")  # fmt: skip
+    servers = [stages]
+    remote = f'{{base_url: "{stages.url}/v1"}}'
+    remote_sets = ("models.asr.backend=openai", f"models.asr.remote={remote}", "models.llm.backend=openai",
+                   f"models.llm.remote={remote}", "voices.joe.backend=openai", f"voices.joe.remote={remote}",
+                   "voices.joe.speaker=joe")  # fmt: skip
+    try:
+        for i in range(args.fronts):
+            servers.append(start_server(logs / f"{out.stem}.front{i}.traces.jsonl", logs / f"{out.stem}.front{i}.log",
+                                        config=args.config, sets=(*sets, *remote_sets, *args.sets)))  # fmt: skip
+    except Exception:
+        for server in servers:
+            server.stop()
+        raise
+    print(f"started parley stages at {stages.url} and {args.fronts} front ends: "
+          + ", ".join(s.url for s in servers[1:]), flush=True)  # fmt: skip
+    return [s.url for s in servers[1:]], servers
+
+
+def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], out: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    sets = (f"server.max_sessions={max(args.levels)}",)
+    if topology == "split":
+        urls, servers = open_split(args, out, sets)
+        pids: list[int] = [s.proc.pid for s in servers]
+    else:
+        url, server, pid = open_server(args, out, sets)
+        urls, servers, pids = [url], [server] if server is not None else [], [pid] if pid is not None else []
+    rows: list[dict[str, Any]] = []
+    budgets: dict[str, float] = {}
+    try:
+        for n in args.levels:
+            for url in urls:
+                wait_idle(url)
+            sampler = ResourceSampler(pids)
+            sampler.start()
+            t_level = time.monotonic()
+            turns, errors = asyncio.run(run_level(urls, n, pool, args))
+            res = sampler.stop()
+            budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
+            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level))
+            r = rows[-1]
+            print(f"  [{topology}] {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
+                  f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {r['wall_s']} s", flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    return rows, budgets
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
@@ -111,37 +176,57 @@ def main(argv: list[str] | None = None) -> int:
     need = min(max(args.levels) * args.turns, len(_prompts._corpus().REQUESTS))
     pool = _prompts.corpus_prompts(need)
     print(f"{len(pool)} distinct prompts; levels {args.levels}, {args.turns} turns a session", flush=True)
-    url, server, pid = open_server(args, out, (f"server.max_sessions={max(args.levels)}",))
     before = machine()
-    rows: list[dict[str, Any]] = []
+    topologies = ["one", "split"] if args.topology == "both" else [args.topology]
+    runs: dict[str, list[dict[str, Any]]] = {}
     budgets: dict[str, float] = {}
-    try:
-        for n in args.levels:
-            wait_idle(url)
-            sampler = ResourceSampler(pid)
-            sampler.start()
-            t_level = time.monotonic()
-            turns, errors = asyncio.run(run_level(url, n, pool, args))
-            res = sampler.stop()
-            budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
-            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level))
-            r = rows[-1]
-            print(f"  {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
-                  f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {r['wall_s']} s", flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-    print_report(rows, budgets, args.markdown)
+    for topology in topologies:
+        runs[topology], got = run_topology(topology, args, pool, out)
+        budgets = budgets or got
+    for topology, rows in runs.items():
+        if len(runs) > 1:
+            print(f"\n## {topology}")
+        print_report(rows, budgets, args.markdown)
+    if len(runs) > 1:
+        print_side_by_side(runs["one"], runs["split"], args.markdown)
+    rows = runs[topologies[0]]
     held = [r["sessions"] for r in rows if r["holds"]]
     held_all = [r["sessions"] for r in rows if r["holds_all"]]
     result = {"levels": rows, "max_sessions_within_budget": max(held, default=0),
               "max_sessions_within_all_budgets": max(held_all, default=0), "budgets_ms": budgets,
-              "machine": before, "load_avg_after": machine()["load_avg"], "server": url, "persona": args.persona,
+              "topologies": {t: r for t, r in runs.items()} if len(runs) > 1 else {topologies[0]: rows},
+              "machine": before, "load_avg_after": machine()["load_avg"], "server": args.server, "persona": args.persona,
               "turns_per_session": args.turns, "wall_s": round(time.monotonic() - t0, 1),
-              "argv": sys.argv[1:] if argv is None else argv}
+              "argv": sys.argv[1:] if argv is None else argv}  # fmt: skip
     out.write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out} in {result['wall_s']} s")
-    return 0 if rows and all(r["turns"] for r in rows) else 1
+    return 0 if all(r and all(x["turns"] for x in r) for r in runs.values()) else 1
+
+
+HOP_STAGES = ("asr", "llm_ttft", "tts", "voice_to_voice")
+
+
+def print_side_by_side(one: list[dict[str, Any]], split: list[dict[str, Any]], md: bool) -> None:
+    """v2v per level in both topologies, then each stage's median in both: the HTTP hop's cost per stage."""
+    f = _stats.fmt_ms
+    by_n = {r["sessions"]: r for r in split}
+    header = ("sessions", "one v2v med", "one v2v p95", "split v2v med", "split v2v p95", "one errors", "split errors")
+    table = [[r["sessions"], f(r["v2v_median"]), f(r["v2v_p95"]), f(by_n[r["sessions"]]["v2v_median"]),
+              f(by_n[r["sessions"]]["v2v_p95"]), r["errors"], by_n[r["sessions"]]["errors"]]
+             for r in one if r["sessions"] in by_n]  # fmt: skip
+    print("\nOne process vs front ends + a stage server (ms)")
+    print((_stats.markdown if md else _stats.table)(header, table))
+    header = ("sessions", "stage", "one median", "split median", "split - one")
+    table = []
+    for r in one:
+        other = by_n.get(r["sessions"])
+        if other is None:
+            continue
+        for stage in HOP_STAGES:
+            a, b = r["summary"].get(stage, {}).get("median"), other["summary"].get(stage, {}).get("median")
+            table.append([r["sessions"], stage, f(a), f(b), f(b - a) if a is not None and b is not None else "-"])
+    print("\nWhat the HTTP hop costs each stage (medians, ms; asr counts from the endpoint, so it can be negative)")
+    print((_stats.markdown if md else _stats.table)(header, table))
 
 
 def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool) -> None:

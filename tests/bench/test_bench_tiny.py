@@ -56,6 +56,18 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert "Concurrent sessions" in proc.stdout
 
 
+def test_load_tiny_split_topology(tmp_path: Path) -> None:
+    """Two front ends whose stages are a `parley stages` process: the sessions are answered, dealt over both."""
+    out = tmp_path / "load.json"
+    proc = run_script("load.py", "--tiny", "--topology", "split", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    (level,) = result["topologies"]["split"]
+    assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, level["error_list"]
+    assert level["v2v_median"] > 0 and level["rss_mb_max"] > 100  # three processes sampled
+    assert "2 front ends" in proc.stdout
+
+
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative) and the batching rows."""
@@ -97,3 +109,14 @@ def test_turns_tiny(tmp_path: Path) -> None:
                 assert all(ch["decision"] in ("end", "wait", "stale") for e in clip["ends"] for ch in e["checks"])
     assert result["detectors"]["fixed"]["checks"] == 0 and result["detectors"]["text"]["checks"] > 0
     assert "End-of-turn detectors" in proc.stdout
+
+
+def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
+    out = tmp_path / "soak.json"
+    proc = run_script("soak.py", "--tiny", "--server", real_server.url, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [row[0] for row in result["conversation"]] == ["1-5", "6-10"]
+    assert all(float(row[1]) > 0 for row in result["conversation"]) and result["cycle_ms"] > 0
+    assert "connect/disconnect cycles" in proc.stdout
