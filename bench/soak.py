@@ -1,0 +1,213 @@
+"""Soak and abuse benchmark against one server: a long typed conversation (does it slow down as it grows?), a
+history bomb and an audio flood with a bystander's latency beside its own baseline, connect/disconnect cycles,
+and the server's RSS over all of it.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/soak.py [--server URL] [--turns 200] [--markdown] [--tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from bench import _prompts, _stats  # noqa: E402
+from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
+from web.client.connection import Connection, ConnectionLost, ws_url  # noqa: E402
+
+RATE = 16000
+
+
+class Talker:
+    """One session over the wire client: typed or spoken turns, each timed to its reply's first audio."""
+
+    def __init__(self, server: str, token: str | None) -> None:
+        self.server, self.token = server, token
+        self.conn: Connection | None = None
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self._changed = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> "Talker":
+        self.conn = Connection(ws_url(self.server), self.token, sample_rate=RATE, open_timeout_s=30.0)
+        await self.conn.open("concise", None)
+        self._reader = asyncio.create_task(self._read())
+        await self.wait(lambda: self.count("response.done") >= 1, 30)  # the greeting
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.conn is not None:
+            await self.conn.close()
+
+    async def _read(self) -> None:
+        assert self.conn is not None
+        while True:
+            try:
+                raw = await self.conn.recv()
+            except ConnectionLost:
+                return
+            self.events.append((time.monotonic(), {"type": "audio"} if isinstance(raw, bytes) else json.loads(raw)))
+            self._changed.set()
+
+    def count(self, kind: str) -> int:
+        return sum(1 for _, m in self.events if m.get("type") == kind)
+
+    async def wait(self, cond: Any, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not cond():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def typed(self, text: str, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Ask by text; -> {first_audio_s, llm_ttft_ms, prefill_tokens, reused_tokens, context}."""
+        assert self.conn is not None
+        done_before, start = self.count("response.done"), len(self.events)
+        t0 = time.monotonic()
+        await self.conn.send_json({"type": "input.text", "text": text})
+        await self.wait(lambda: self.count("response.done") > done_before, timeout_s)
+        first = next((t for t, m in self.events[start:] if m["type"] == "audio"), None)
+        await self.wait(lambda: any(m["type"] == "turn.trace" for _, m in self.events[start:]), 10)
+        trace = next(m for _, m in self.events[start:] if m["type"] == "turn.trace")
+        return {"first_audio_s": None if first is None else first - t0, "llm_ttft_ms": trace["stages_ms"].get("llm_ttft"),
+                "prefill_tokens": trace.get("llm", {}).get("prefill_tokens"), "context": trace.get("context")}  # fmt: skip
+
+    async def spoken(self, audio: np.ndarray, timeout_s: float = 60.0) -> float:
+        """Stream `audio` at real time, then silence; -> seconds from its end to its final transcript."""
+        assert self.conn is not None
+        before = self.count("transcript.final")
+        await self._stream(audio)
+        t_end = time.monotonic()
+        silence = np.zeros(RATE // 50, dtype=np.float32)
+        async with asyncio.timeout(timeout_s):
+            while self.count("transcript.final") == before:
+                await self._stream(silence)
+        return next(t for t, m in reversed(self.events) if m["type"] == "transcript.final") - t_end
+
+    async def _stream(self, audio: np.ndarray) -> None:
+        assert self.conn is not None
+        n, t0 = RATE // 50, time.monotonic()
+        for k, i in enumerate(range(0, len(audio), n)):
+            await self.conn.send_audio((np.clip(audio[i : i + n], -1, 1) * 32767).astype("<i2").tobytes())
+            ahead = (k + 1) * 0.02 - (time.monotonic() - t0)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+
+async def long_conversation(server: str, token: str | None, turns: int, window: int) -> list[list[object]]:
+    rows, results = [], []
+    async with Talker(server, token) as t:
+        for i in range(turns):
+            results.append(await t.typed(f"Turn {i}: tell me one short fact about the number {i}."))
+    for k in range(0, turns, window):
+        part = results[k : k + window]
+        ttft = [r["llm_ttft_ms"] for r in part if r["llm_ttft_ms"] is not None]
+        first = [1000 * r["first_audio_s"] for r in part if r["first_audio_s"] is not None]
+        rows.append([f"{k + 1}-{k + len(part)}", _stats.fmt_ms(_stats.percentile(ttft, 50)), _stats.fmt_ms(_stats.percentile(ttft, 95)),
+                     _stats.fmt_ms(_stats.percentile(first, 50)), _stats.fmt_ms(max(r["prefill_tokens"] or 0 for r in part)),
+                     sum(1 for r in part if r["context"])])  # fmt: skip
+    return rows
+
+
+async def bystander_beside(server: str, token: str | None, attack: str, question: np.ndarray) -> list[object]:
+    async with Talker(server, token) as bystander:
+        alone = await (bystander.typed("Say hello.") if attack == "history bomb" else bystander.spoken(question))
+        async with Talker(server, token) as attacker:
+            assert attacker.conn is not None
+            if attack == "history bomb":
+                for i in range(300):
+                    await attacker.conn.send_json({"type": "input.text", "text": f"{i} " + "tell me everything about the sea " * 60})
+                    await asyncio.sleep(0.05)
+                loaded = await bystander.typed("Say hello again.")
+            else:
+                noise = (np.random.default_rng(0).standard_normal(RATE) * 0.3 * 32767).astype("<i2").tobytes()
+
+                async def flood() -> None:
+                    for _ in range(250):  # 1 s messages at 50 times real time
+                        await attacker.conn.send_audio(noise)  # type: ignore[union-attr]
+                        await asyncio.sleep(0.02)
+
+                flooding = asyncio.create_task(flood())
+                loaded = await bystander.spoken(question)
+                await flooding
+            dropped = [m for _, m in attacker.events if m.get("type") == "error"]
+    if attack == "history bomb":
+        a, b = alone["first_audio_s"], loaded["first_audio_s"]
+        what = "typed turn: first reply audio"
+    else:
+        a, b = alone, loaded
+        what = "spoken turn: final transcript after speech"
+    return [attack, what, f"{1000 * a:.0f}", f"{1000 * b:.0f}", f"{b / a:.1f}x", len(dropped)]
+
+
+async def churn(server: str, token: str | None, cycles: int) -> float:
+    t0 = time.monotonic()
+    for _ in range(cycles):
+        conn = Connection(ws_url(server), token, sample_rate=RATE, open_timeout_s=30.0)
+        await conn.open("concise", None)
+        await conn.close()
+    return (time.monotonic() - t0) / cycles
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(p)
+    p.add_argument("--turns", type=int, default=200, help="turns of the long conversation (default 200)")
+    p.add_argument("--window", type=int, default=25, help="turns per row of its table (default 25)")
+    p.add_argument("--cycles", type=int, default=100, help="connect/disconnect cycles (default 100)")
+    p.add_argument("--out", default="artifacts/bench/soak.json")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="10 turns, 5 cycles, no abuse: a smoke test")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.turns, args.window, args.cycles = 10, 5, 5
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the message rate limit raised so that the history bomb is paced by itself (20 a second), as found
+    url, server, pid = open_server(args, out, extra_sets=("server.max_messages_per_s=1000",))
+    sampler = ResourceSampler(pid)
+    sampler.start()
+    t0 = time.monotonic()
+    table = _stats.markdown if args.markdown else _stats.table
+    result: dict[str, Any] = {"machine": machine()}
+    try:
+        conversation = asyncio.run(long_conversation(url, args.token, args.turns, args.window))
+        print(f"\nOne conversation of {args.turns} typed turns (concise persona)")
+        print(table(("turns", "llm_ttft p50 ms", "p95 ms", "first audio p50 ms", "max prefill tokens", "context drops"), conversation))
+        result["conversation"] = conversation
+        if not args.tiny:
+            question = _prompts.spoken("What is the capital of France?", "piper").audio
+            abuse = [asyncio.run(bystander_beside(url, args.token, a, question)) for a in ("history bomb", "audio flood")]
+            print("\nA bystander beside an attacker (the same bystander alone first)")
+            print(table(("attack", "measured", "alone ms", "beside ms", "ratio", "attacker errors"), abuse))
+            result["abuse"] = abuse
+        per_cycle = asyncio.run(churn(url, args.token, args.cycles))
+        print(f"\n{args.cycles} connect/disconnect cycles: {1000 * per_cycle:.0f} ms each")
+        result["cycle_ms"] = round(1000 * per_cycle, 1)
+    finally:
+        resources = sampler.stop()
+        if server is not None:
+            server.stop()
+    result.update(resources=resources, wall_s=round(time.monotonic() - t0, 1))
+    rss = sampler.rss_mb
+    result["rss_mb"] = [round(x) for x in rss[:: max(1, len(rss) // 40)]]
+    print(f"server RSS: start {rss[0]:.0f} MB, max {max(rss):.0f} MB, end {rss[-1]:.0f} MB; {result['wall_s']} s" if rss else
+          f"server RSS not sampled; {result['wall_s']} s")  # fmt: skip
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
