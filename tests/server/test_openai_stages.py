@@ -136,6 +136,9 @@ async def test_a_wrong_token_and_bad_requests_are_answered_in_openai_s_shape(sta
             await ok.chat.completions.create(model="any", **bad)
         assert err.value.body["param"] == param and err.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as err:
+        await ok.chat.completions.create(model="any", messages=[{"role": "user", "content": "word " * 5000}])
+    assert err.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
         await ok.audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
     assert "unknown voice" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError):

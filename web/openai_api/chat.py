@@ -80,6 +80,9 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str]) -> APIRout
                     raise ApiError(500, f"generation failed: {event.message}", type="server_error")
                 else:
                     fin = event
+        if fin.reason == "context" and fin.generated_tokens == 0:
+            raise ApiError(400, f"messages: the last message alone is longer than the context ({engine.max_seq_len} "
+                           "tokens, less room for the reply)", param="messages", code="context_length_exceeded")  # fmt: skip
         message = {"role": "assistant", "content": "".join(parts)}
         choice = {"index": 0, "message": message, "finish_reason": _FINISH[fin.reason], "logprobs": None}
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(fin)})
