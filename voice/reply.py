@@ -90,7 +90,7 @@ class WorkCounter:
 class Reply:
     turn_id: int
     outbox: Outbox
-    voice: VoiceBinding
+    voice: VoiceBinding | None  # None: text only (what was written counts as said)
     speaking_rate: float
     output_sample_rate: int
     trace: TurnTrace | None
@@ -144,6 +144,11 @@ class Reply:
         phrases.put_nowait(phrase)
 
     async def _speak(self, phrases: asyncio.Queue[str | None]) -> None:
+        if self.voice is None:
+            while (phrase := await phrases.get()) is not None:
+                self._hold(False)
+                self.spans.append(PhraseSpan(phrase, 0.0, 0.0))
+            return
         while (phrase := await phrases.get()) is not None:
             start_ms = self.spans[-1].end_ms if self.spans else 0.0
             self.spans.append(PhraseSpan(phrase, start_ms, start_ms, complete=False))
@@ -160,6 +165,7 @@ class Reply:
 
     async def _synthesize(self, phrase: str) -> AsyncIterator[np.ndarray]:
         """The phrase's audio at the output rate, synthesized in a worker thread (voice.tts_stream)."""
+        assert self.voice is not None
         tts = self.voice.tts
         chunks = synthesize_async(tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work,
                                   name=f"tts-turn{self.turn_id}")  # fmt: skip

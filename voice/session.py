@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing, suppress
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from voice.turntaking import (
     Interrupt,
     OpenTurn,
     StartAhead,
+    TurnPolicy,
     TurnTaking,
 )
 from voice.turntaking import Reply as ReplyTo
@@ -79,6 +81,9 @@ class Session:
         self.outbox = outbox or Outbox()
         self.on_trace = on_trace
         self.persona_name, self.voice_override = self._check(persona, voice)
+        self.instructions: str | None = None  # replaces the persona's system prompt (the Realtime API's)
+        self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
+        self.speak = True  # replies are spoken; else text only
         self.history: list[tuple[str, str]] = []  # (role, content), what the user said and heard
         self.turns = TurnTaking(settings.turns, settings.vad_threshold)
         self.listener = Listener(
@@ -88,6 +93,7 @@ class Session:
         self._reply: Reply | None = None  # the reply launched last
         self._reply_task: asyncio.Task[None] | None = None
         self._interrupted: tuple[Reply, int] | None = None  # the reply interrupted last and its history index
+        self._said: dict[int, tuple[Reply, int]] = {}  # recent replies in the history: turn -> (reply, index)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
         self._exchange: tuple[int, int] | None = None  # (voice turn, history length before its user message)
@@ -152,6 +158,39 @@ class Session:
         trace.mark("endpoint")
         self._apply(actions, typed=trace)
         return turn_id
+
+    def add_user(self, text: str) -> None:
+        """A user message into the history without a reply (the Realtime API's items; respond() answers it)."""
+        self.history.append(("user", text))
+        self._trim_history()
+
+    def respond(self) -> int:
+        """Answer the history's last message, a user's. -> the reply's turn id."""
+        if not self.history or self.history[-1][0] != "user":
+            raise InputError("no_input", "nothing to answer: the conversation does not end with a user message")
+        return self.text_input(self.history.pop()[1])
+
+    def truncate(self, turn_id: int, heard_ms: float) -> str:
+        """The history keeps only the words of a recent reply's first `heard_ms` (the Realtime API's truncate,
+        from a client that knows what it played). -> what is kept."""
+        running = self._reply
+        if running is not None and running.turn_id == turn_id and self._reply_task is not None and not self._reply_task.done():
+            running.played_ms = heard_ms  # still ending (a barge-in races the client's truncate): it keeps this much
+            return running.spoken(heard_ms)
+        said = self._said.get(turn_id)
+        if said is None or said[1] >= len(self.history) or self.history[said[1]][0] != "assistant":
+            raise InputError("invalid_message", f"truncate: the reply of turn {turn_id} is no longer in the history")
+        reply, index = said
+        if heard_ms > reply.sent_ms + PLAYED_SLACK_MS:
+            raise InputError("invalid_message", f"truncate: {heard_ms:.0f} ms heard of {reply.sent_ms:.0f} ms sent")
+        kept = reply.spoken(heard_ms) if self.speak else reply.text.strip()
+        self.history[index] = ("assistant", kept)
+        return kept
+
+    def retune(self, turns: TurnPolicy, vad_threshold: float) -> None:
+        """Another turn policy from the next turn on (the Realtime API's turn_detection)."""
+        self.settings = replace(self.settings, turns=turns, vad_threshold=vad_threshold)
+        self.turns.retune(turns, vad_threshold)
 
     def cancel_reply(self) -> None:
         self._apply(self.turns.cancel())
@@ -226,7 +265,7 @@ class Session:
         history = self.history
         if joins is not None and self._exchange is not None and self._exchange[0] == joins:
             history = history[: self._exchange[1]]
-        msgs = [("system", self.persona.system_prompt), *history]
+        msgs = [("system", self.instructions or self.persona.system_prompt), *history]
         if user_text is not None:
             msgs.append(("user", user_text))
         return msgs
@@ -294,7 +333,7 @@ class Session:
                     self._send_trace(ended.trace)
             self._ended = None
         self.listener.open(a.turn_id, trace, a.start_ms, continues)
-        self.outbox.send("vad.speech_started", t_ms=round(a.start_ms, 1), **({"joins": a.joins} if a.joins else {}))
+        self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), **({"joins": a.joins} if a.joins else {}))
 
     def _start_ahead(self, turn_id: int) -> None:
         utt = self._hearing(turn_id)
@@ -324,7 +363,7 @@ class Session:
         trace.mark("speech_end", self.listener.arrival_ns(a.speech_end_ms - 0.001))
         trace.mark("endpoint")
         trace.info["turn"] = {"end": a.reason, "checks": [c.to_dict() for c in a.checks]}
-        self.outbox.send("vad.speech_ended", t_ms=round(a.speech_end_ms, 1))
+        self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1))
         self._ended = utt
         self._finishing = self.spawn(self._finish_turn, utt)
 
@@ -333,7 +372,7 @@ class Session:
         if utt is not None:
             self.listener.close(utt)
             utt.discard()
-        self.outbox.send("vad.speech_ended", t_ms=round(a.speech_end_ms, 1))
+        self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1), dropped=True)
 
     async def _warm_prompt(self) -> None:
         """The prompt so far (the system prompt, and the history once some was dropped) into this session's
@@ -351,6 +390,10 @@ class Session:
         utt.trace.mark("asr_final", utt.final_ns)
         self.outbox.send("transcript.final", turn_id=utt.turn_id, text=text)
         actions = self.turns.heard(utt.turn_id, text)
+        if actions and not self.auto_reply:  # heard, not answered: the history waits for respond()
+            actions = [a for a in actions if not isinstance(a, ReplyTo)]
+            self._apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
+            self.add_user(text)
         if not actions:
             utt.discard()
             if self._ended is utt:
@@ -435,10 +478,11 @@ class Session:
             self._exchange = (self._exchange[0], self._exchange[1] - cut) if self._exchange[1] >= cut else None
         if self._interrupted is not None:
             self._interrupted = (self._interrupted[0], self._interrupted[1] - cut) if self._interrupted[1] >= cut else None
+        self._said = {t: (r, i - cut) for t, (r, i) in self._said.items() if i >= cut}
         return cut
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
-        binding = self.stages.voices[self.voice_name]
+        binding = self.stages.voices[self.voice_name] if self.speak else None
         return Reply(
             turn_id, self.outbox, binding, self.persona.speaking_rate, self.settings.output_sample_rate,
             trace, self.stages.tts_work, self.settings.audio_lead_ms,
@@ -467,6 +511,9 @@ class Session:
         content = spoken if interrupted else reply.text.strip()
         if content:
             self.history.append(("assistant", content))
+            self._said[reply.turn_id] = (reply, len(self.history) - 1)
+            if len(self._said) > 16:
+                del self._said[next(iter(self._said))]
             if interrupted:
                 self._interrupted = (reply, len(self.history) - 1)
         self.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken)

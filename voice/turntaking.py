@@ -213,11 +213,25 @@ class TurnTaking:
         self._reply: int | None = None  # the turn whose reply runs
         self._last_interrupted: int | None = None  # a late playback mark for it still corrects the history
         self._now_ms = 0.0
+        self._vad: tuple[float, float] | None = None  # (frame_ms, end_lag_ms) given to listen()
+        self._retuned = False  # a new policy waits for the turn being heard to end
 
     def listen(self, frame_ms: float, end_lag_ms: float = 0.0) -> None:
+        self._vad = (frame_ms, end_lag_ms)
         p = self.policy
         hangover = p.hangover_ms if p.detection == "fixed" else p.max_hangover_ms
         self._endpointer = Endpointer(frame_ms, self.vad_threshold, p.min_speech_ms, hangover, end_lag_ms=end_lag_ms)
+
+    def retune(self, policy: TurnPolicy, vad_threshold: float) -> None:
+        """Another policy: at once between turns, else once the turn being heard ends."""
+        self.policy, self.vad_threshold = policy, vad_threshold
+        self._retuned = True
+        self._apply_retune()
+
+    def _apply_retune(self) -> None:
+        if self._retuned and self._heard is None and self._vad is not None:
+            self._retuned = False
+            self.listen(*self._vad)
 
     @property
     def state(self) -> str:
@@ -353,6 +367,7 @@ class TurnTaking:
         self._heard = None
         self._answering = h.turn_id
         self._last_end = (h.turn_id, self._now_ms)
+        self._apply_retune()
         return [EndTurn(h.turn_id, speech_end_ms, reason, tuple(h.checks), h.joins)]
 
     def _drop(self, h: _Heard) -> list[Action]:
@@ -361,6 +376,7 @@ class TurnTaking:
         if self._endpointer.in_speech:
             self._endpointer.end()
         self._heard = None
+        self._apply_retune()
         return [DropTurn(h.turn_id, speech_end_ms)]
 
     # -- replies -----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The FastAPI application: lifespan loads and warms every model once; routes /ws, /healthz, /api/personas,
+"""The FastAPI application: lifespan loads and warms every model once; routes /ws, /v1/realtime, /healthz, /api/personas,
 /api/traces, /metrics and the browser client's static files. Knows config and runtime, not session internals.
 """
 from __future__ import annotations
@@ -21,12 +21,13 @@ from web import runtime as rt
 from web.config import AppConfig
 from web.guard import Guard
 from web.metrics import Metrics
+from web.realtime.endpoint import handle_realtime
 from web.ws import handle
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
-_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Connection.", "LlmBridge.")
+_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Connection.", "RealtimeConnection.", "LlmBridge.")
 
 
 @dataclass
@@ -147,6 +148,10 @@ def create_app(
     @app.websocket("/ws")
     async def ws_endpoint(ws: WebSocket) -> None:
         await handle(ws, state)
+
+    @app.websocket("/v1/realtime")
+    async def realtime_endpoint(ws: WebSocket) -> None:
+        await handle_realtime(ws, state)
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")

@@ -93,8 +93,8 @@ CLIENT_TYPES = ("session.start", "input.text", "response.cancel", "playback.mark
 SERVER_FIELDS: dict[str, tuple[str, ...]] = {
     "session.ready": ("session_id", "protocol", "input_sample_rate", "output_sample_rate", "persona", "voice", "personas", "voices"),
     "session.updated": ("persona", "voice"),
-    "vad.speech_started": ("t_ms",),
-    "vad.speech_ended": ("t_ms",),
+    "vad.speech_started": ("turn_id", "t_ms"),
+    "vad.speech_ended": ("turn_id", "t_ms"),
     "transcript.partial": ("turn_id", "text"),
     "transcript.final": ("turn_id", "text"),
     "response.text.delta": ("turn_id", "text"),

@@ -143,13 +143,13 @@ def create_app(opts: MockOptions) -> FastAPI:
                     voiced_ms, silent_ms = (voiced_ms + FRAME_MS, 0) if voiced else (voiced_ms, silent_ms + FRAME_MS)
                     if not speaking and voiced_ms >= 100:
                         speaking = True
-                        await send(s, {"type": "vad.speech_started", "t_ms": 0})
+                        await send(s, {"type": "vad.speech_started", "turn_id": 1, "t_ms": 0})
                         await cancel_reply(s)
                         await send(s, {"type": "transcript.partial", "turn_id": 0, "text": opts.transcript.split()[0]})
                     elif speaking and silent_ms >= 400:
                         speaking = False
                         voiced_ms = 0
-                        await send(s, {"type": "vad.speech_ended", "t_ms": 0})
+                        await send(s, {"type": "vad.speech_ended", "turn_id": 1, "t_ms": 0})
                         turn_id = start_reply(s, opts.reply)
                         await send(s, {"type": "transcript.final", "turn_id": turn_id, "text": opts.transcript})
                     elif not voiced and not speaking:

@@ -69,7 +69,7 @@ class _Session:
             self.silent_ms = 0.0
             if not self.in_speech and self.voiced_ms >= 100:
                 self.in_speech = True
-                await self.send("vad.speech_started", t_ms=self.heard_ms)
+                await self.send("vad.speech_started", turn_id=self.turn_id + 1, t_ms=self.heard_ms)
                 await self.cancel_reply()
         else:
             self.silent_ms += ms
@@ -77,7 +77,7 @@ class _Session:
                 self.voiced_ms = 0.0
             if self.in_speech and self.silent_ms >= 300:
                 self.in_speech = False
-                await self.send("vad.speech_ended", t_ms=self.heard_ms - self.silent_ms)
+                await self.send("vad.speech_ended", turn_id=self.turn_id + 1, t_ms=self.heard_ms - self.silent_ms)
                 self.turn_id += 1
                 await self.send("transcript.partial", turn_id=self.turn_id, text="hel")
                 await self.send("transcript.final", turn_id=self.turn_id, text="hello")
