@@ -72,6 +72,8 @@ class Session:
         outbox: Outbox | None = None,
         on_trace: Callable[[TurnTrace], None] = lambda trace: None,
     ) -> None:
+        if not getattr(stages.llm, "probes_user_end", True):  # a remote LLM: no text signal to wait for
+            settings = replace(settings, turns=settings.turns.without_text())
         if settings.turns.uses_audio and stages.turn_model is None:
             raise ValueError(f"turn detection {settings.turns.detection!r} needs the audio turn model")
         self.session_id = session_id
@@ -348,9 +350,7 @@ class Session:
         if utt is None:
             return
         policy = self.settings.turns
-        # a remote LLM gives no text signal: the check does not wait for the work ahead to read one
-        text = policy.uses_text and getattr(self.stages.llm, "probes_user_end", True)
-        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, text)
+        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, policy.uses_text)
         self._apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
 
     def _end_turn(self, a: EndTurn) -> None:

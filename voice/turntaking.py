@@ -9,7 +9,7 @@ runs what it asks for. The decision rules and their measurements: docs/turn-taki
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
 
@@ -56,6 +56,13 @@ class TurnPolicy:
     def uses_text(self) -> bool:
         return self.detection in ("text", "combined")
 
+    def without_text(self) -> "TurnPolicy":
+        """This policy for an LLM that gives no end-of-turn probability (a remote one): combined decides from the
+        audio model alone (smart_turn), text from silence alone (fixed)."""
+        if not self.uses_text:
+            return self
+        return replace(self, detection="smart_turn" if self.detection == "combined" else "fixed")
+
     def complete_prob(self, audio_prob: float | None, text_prob: float | None) -> float | None:
         """P(the turn is complete) from the signals this detection uses; None when none of them is known."""
         log_odds, known = 0.0, False
@@ -64,10 +71,7 @@ class TurnPolicy:
             known = True
         if self.uses_audio and audio_prob is not None:
             p = min(max(audio_prob, 1e-6), 1 - 1e-6)
-            # beside the text signal the audio model is a tie-breaker; without it (a remote LLM exposes none, or
-            # the probe missed the check) it decides alone, as in smart_turn
-            weight = self.audio_weight if self.detection == "combined" and text_prob is not None else 1.0
-            log_odds += weight * math.log(p / (1 - p))
+            log_odds += (self.audio_weight if self.detection == "combined" else 1.0) * math.log(p / (1 - p))
             known = True
         return 1.0 / (1.0 + math.exp(-log_odds)) if known else None
 

@@ -145,8 +145,12 @@ def test_combined_weighs_the_audio_model_less_than_the_text() -> None:
     sure_audio_half_sentence = policy.complete_prob(audio_prob=0.98, text_prob=1e-4)
     unsure_audio_whole_request = policy.complete_prob(audio_prob=0.2, text_prob=0.5)
     assert sure_audio_half_sentence < 0.1 and unsure_audio_whole_request > 0.9
-    assert policy.complete_prob(None, None) is None
-    assert policy.complete_prob(0.9, None) == pytest.approx(0.9)  # no text signal (a remote LLM): audio alone decides
+    assert policy.complete_prob(None, None) is None and policy.complete_prob(0.9, None) > 0.5
+    # a transcript not heard yet gives no text signal: the audio model alone cannot end the turn at once
+    assert policy.complete_prob(0.9, None) < policy.sure_prob
+    # an LLM that never gives one (a remote LLM): the audio model decides alone, as smart_turn
+    assert policy.without_text().detection == "smart_turn" and policy.without_text().complete_prob(0.9, None) == pytest.approx(0.9)
+    assert TurnPolicy(detection="text").without_text().detection == "fixed"
     assert TurnPolicy(detection="smart_turn").complete_prob(0.8, 1e-9) == pytest.approx(0.8)
     assert TurnPolicy(detection="text").complete_prob(0.01, 0.3) == pytest.approx(0.3 / (0.3 + TEXT_EVEN_ODDS))
 

@@ -4,8 +4,8 @@ Streams through the official `openai` SDK; the session id goes as `user`, which 
 that pin by it) use to keep the conversation's cache. Closing a call closes the HTTP stream, which a server
 takes as a cancel. The ahead-of-endpoint prefill is a 1-token request with the prompt so far: servers with a
 prefix cache (vLLM's automatic prefix caching, `parley stages`) then only prefill the new words at the turn
-end. A chat API exposes no prompt probabilities, so the text end-of-turn signal is unknown (None) and
-turn-taking decides from silence and audio.
+end. A chat API exposes no prompt probabilities, so there is no text end-of-turn signal (`probes_user_end` is
+False): a session's turn-taking then decides from silence and audio (voice.turntaking.TurnPolicy.without_text).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class RemoteCall:
 
 
 class RemoteLlm:
-    probes_user_end = False  # see the module doc: end-of-turn checks do not wait for a text signal
+    probes_user_end = False  # see the module doc
 
     def __init__(self, spec: RemoteSpec) -> None:
         self.spec = spec
