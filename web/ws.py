@@ -7,6 +7,7 @@ Knows the wire (web.protocol) and the Session's public methods; nothing about mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -105,6 +106,7 @@ class Connection:
         self._opened_at = self._active_at = time.monotonic()
         self._stop = asyncio.Event()
         self._stop_reason: tuple[str, str, int] | None = None  # (error code, message, close code) when told to stop
+        self._finished = asyncio.Event()  # run() is over: the client was told and the socket closed
 
     def evict(self) -> None:
         """A newer connection needs the room of this one, which has not started a session."""
@@ -118,6 +120,9 @@ class Connection:
             await self.session.reply_finished(grace_s)
         self._stop_reason = ("server_shutdown", "the server is shutting down; connect again shortly", P.CLOSE_GOING_AWAY)
         self._stop.set()
+        # closed by us (1001, after the message), not by the server's own shutdown that follows the drain (1012)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._finished.wait(), timeout=5.0)
 
     async def run(self) -> None:
         self.state.metrics.session_opened()
@@ -136,6 +141,7 @@ class Connection:
                 await self.session.close()
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
+            self._finished.set()
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -358,9 +358,13 @@ def test_fuzzed_messages_get_an_error_or_an_answer_and_the_session_answers_after
 
 
 async def test_sigterm_lets_the_reply_finish_tells_the_client_and_flushes_the_trace(tmp_path: Path) -> None:
+    from websockets.asyncio.client import connect
+
     proc = ServerProcess(tmp_path).start()
     try:
-        async with Client(proc.ws_url(TOKEN)) as c:
+        realtime_url = f"ws://127.0.0.1:{proc.port}/v1/realtime"
+        async with Client(proc.ws_url(TOKEN)) as c, connect(realtime_url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as rt:
+            assert json.loads(await rt.recv())["type"] == "session.created"
             await c.start(persona="concise")
             await c.wait_for("response.done")
             await c.send(type="input.text", text="Tell me about the moon.")
@@ -369,6 +373,8 @@ async def test_sigterm_lets_the_reply_finish_tells_the_client_and_flushes_the_tr
             done = await c.wait_for("response.done", 2)
             err = await c.wait_for("error")
             assert await c.wait_closed() == 1001
+            rt_events = [json.loads(m) async for m in rt]  # a Realtime session is told and closed the same way
+            assert rt_events[-1]["error"]["code"] == "server_shutdown" and rt.close_code == 1001
         assert code == 0
         assert not done["interrupted"] and done["turn_id"] == first["turn_id"]
         assert (err["code"], err["fatal"]) == ("server_shutdown", True)

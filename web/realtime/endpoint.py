@@ -64,9 +64,11 @@ async def handle_realtime(ws: WebSocket, state: "AppState") -> None:
         return
     conn = RealtimeConnection(ws, state, ws.query_params.get("model") or "parley")
     state.connections += 1
+    state.live.add(conn)  # SIGTERM drains it too (web.ws.drain)
     try:
         await conn.run()
     finally:
+        state.live.discard(conn)
         state.connections -= 1
 
 
@@ -89,6 +91,9 @@ class RealtimeConnection:
         self.audio_rate = RateLimiter(1.0, burst_s=self.limits.audio_burst_s)
         self.buffer: list[np.ndarray] = []  # manual commits: the audio appended since the last commit (16 kHz)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_limited: dict[str, float] = {}  # a limit's error goes out at most once a second
+        self._stop = asyncio.Event()  # the server is shutting down
+        self._finished = asyncio.Event()
 
     async def run(self) -> None:
         st = self.state
@@ -111,9 +116,20 @@ class RealtimeConnection:
             await self.session.close()
             st.metrics.session_closed()
             try:
-                await self.ws.close()
+                await self.ws.close(P.CLOSE_GOING_AWAY if self._stop.is_set() else P.CLOSE_NORMAL)
             except (WebSocketDisconnect, RuntimeError, OSError):  # the client closed first
                 pass
+            self._finished.set()
+
+    async def shut_down(self, grace_s: float) -> None:
+        """SIGTERM: the answer being spoken may finish (up to `grace_s`), then the client is told and closed."""
+        await self.session.reply_finished(grace_s)
+        self._error("server_shutdown", "the server is shutting down; connect again shortly", type_="server_error")
+        self._stop.set()
+        try:
+            await asyncio.wait_for(self._finished.wait(), timeout=5.0)
+        except TimeoutError:
+            pass
 
     # -- reading -----------------------------------------------------------------------------------------
 
@@ -121,12 +137,19 @@ class RealtimeConnection:
         active = time.monotonic()
         while True:
             left = self.limits.idle_timeout_s - (time.monotonic() - active)
+            receive = asyncio.ensure_future(self.ws.receive())
+            stop = asyncio.ensure_future(self._stop.wait())
             try:
-                msg = await asyncio.wait_for(self.ws.receive(), timeout=max(0.0, left))
-            except TimeoutError:
-                self._error("idle_timeout", f"no event for {self.limits.idle_timeout_s:g} s")
-                await asyncio.sleep(0.2)  # let the writer deliver it
+                done, _ = await asyncio.wait({receive, stop}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            if receive not in done:
+                receive.cancel()
+                if not self._stop.is_set():
+                    self._error("idle_timeout", f"no event for {self.limits.idle_timeout_s:g} s")
+                await self._flush()
                 return
+            msg = receive.result()
             if msg["type"] == "websocket.disconnect":
                 return
             text = msg.get("text")
@@ -137,7 +160,7 @@ class RealtimeConnection:
                 self._error("too_large", f"event of {len(text)} bytes; the limit is {self.limits.max_message_bytes}")
                 continue
             if not self.rate.allow():
-                self._error("rate_limited", f"over {self.limits.max_messages_per_s:g} events a second")
+                self._limited("rate_limited", f"over {self.limits.max_messages_per_s:g} events a second; dropped")
                 continue
             event_id = None
             try:
@@ -155,9 +178,18 @@ class RealtimeConnection:
                 else:
                     self._error("invalid_json", f"not JSON: {type(exc).__name__}", event_id=event_id)
             except EventError as exc:
-                self._error(exc.code, exc.message, param=exc.param, event_id=event_id)
+                if exc.code == "rate_limited":
+                    self._limited(exc.code, exc.message)
+                else:
+                    self._error(exc.code, exc.message, param=exc.param, event_id=event_id)
             except InputError as exc:
-                self._error(exc.code, exc.message, event_id=event_id)
+                if exc.code == "overloaded":
+                    self._limited(exc.code, exc.message)
+                else:
+                    self._error(exc.code, exc.message, event_id=event_id)
+            if self.outbox.overflowed:  # it stopped reading long ago: what it is sent piles up
+                await self.ws.close(P.CLOSE_POLICY)
+                return
 
     def _on_event(self, event: dict[str, Any], arrival_ns: int) -> None:
         kind = event["type"]
@@ -294,6 +326,19 @@ class RealtimeConnection:
                type_: str = "invalid_request_error") -> None:  # fmt: skip
         self.state.metrics.error(code)
         self._native(error_event(type_, code, message, param=param, event_id=event_id))
+
+    def _limited(self, code: str, message: str) -> None:
+        """An event dropped by a limit: its error at most once a second, not once per event."""
+        now = time.monotonic()
+        if now - self._last_limited.get(code, 0.0) >= 1.0:
+            self._last_limited[code] = now
+            self._error(code, message)
+
+    async def _flush(self, timeout_s: float = 2.0) -> None:
+        """Let the writer deliver what is queued (the last error) before the close."""
+        deadline = time.monotonic() + timeout_s
+        while self.outbox.pending() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
