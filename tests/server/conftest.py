@@ -2,19 +2,16 @@
 127.0.0.1 port, plus a small websockets client. The config is a copy of the shipped one with test limits."""
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import uvicorn
 
 from web import runtime as rt
 from web.app import AppState, create_app
+from in_thread import serve_in_thread
 from server_config import TOKEN, write_test_config
 from web.config import AppConfig, load_config
 
@@ -40,18 +37,8 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     cfg = load_config(write_test_config(root))
     runtime = rt.load_and_warm(cfg)
     app = create_app(cfg, runtime=runtime)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           ws_max_size=cfg.server.max_message_bytes, lifespan="on"))  # fmt: skip
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), name="test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield LiveServer(cfg, app.state.parley, runtime, port, root / "traces.jsonl")
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serve_in_thread(app, "test-server", ws_max_size=cfg.server.max_message_bytes) as port:
+        yield LiveServer(cfg, app.state.parley, runtime, port, root / "traces.jsonl")
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,10 +13,10 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-import uvicorn
 
 import audio_corpus as corpus
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
+from in_thread import serve_in_thread
 from server_config import TOKEN
 from web.openai_api.app import create_stages_app
 
@@ -30,16 +29,8 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer b
 @pytest.fixture(scope="module")
 def stages_url(live_server) -> Iterator[str]:
     app = create_stages_app(live_server.cfg, runtime=live_server.runtime)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), name="stages-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "stages server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serve_in_thread(app, "stages-server") as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture

@@ -95,7 +95,10 @@ async def rt(live_server):
         yield await open_rt(live_server, stack)
 
 
-async def test_a_spoken_question_under_turn_detection(rt: Rt, live_server) -> None:
+@pytest.mark.parametrize("detection", ["server_vad", "semantic_vad"])
+async def test_a_spoken_question_under_turn_detection(rt: Rt, live_server, detection: str) -> None:
+    await rt.conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {"type": detection}}}})
+    assert (await rt.wait("session.updated")).session.audio.input.turn_detection.type == detection
     question = corpus.REQUESTS[0]
     await rt.stream(spoken(question))
     done = await rt.wait("response.done")
@@ -192,6 +195,23 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt: Rt) -> None:
     await rt.conn.response.create()
     done = await rt.wait("response.done")
     assert done.response.status == "completed"
+
+
+async def test_a_browser_s_key_subprotocol_and_a_wrong_key(live_server) -> None:
+    """Browsers cannot set headers on a WebSocket: the key comes as a subprotocol, answered with `realtime`."""
+    import json
+
+    from websockets.asyncio.client import connect
+
+    url = f"ws://127.0.0.1:{live_server.port}/v1/realtime?model=parley"
+    async with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{TOKEN}"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "realtime"
+        assert json.loads(await ws.recv())["type"] == "session.created"
+    async with connect(url, subprotocols=["realtime", "openai-insecure-api-key.wrong"]) as ws:  # type: ignore[list-item]
+        event = json.loads(await ws.recv())
+        assert event["type"] == "error" and event["error"]["code"] == "invalid_api_key"
+        await ws.wait_closed()
+        assert ws.close_code == 1008
 
 
 async def test_the_readme_example_runs(live_server) -> None:
