@@ -72,8 +72,7 @@ class Session:
         outbox: Outbox | None = None,
         on_trace: Callable[[TurnTrace], None] = lambda trace: None,
     ) -> None:
-        if not getattr(stages.llm, "probes_user_end", True):  # a remote LLM: no text signal to wait for
-            settings = replace(settings, turns=settings.turns.without_text())
+        settings = replace(settings, turns=self._usable(settings.turns, stages))
         if settings.turns.uses_audio and stages.turn_model is None:
             raise ValueError(f"turn detection {settings.turns.detection!r} needs the audio turn model")
         self.session_id = session_id
@@ -191,8 +190,14 @@ class Session:
 
     def retune(self, turns: TurnPolicy, vad_threshold: float) -> None:
         """Another turn policy from the next turn on (the Realtime API's turn_detection)."""
+        turns = self._usable(turns, self.stages)
         self.settings = replace(self.settings, turns=turns, vad_threshold=vad_threshold)
         self.turns.retune(turns, vad_threshold)
+
+    @staticmethod
+    def _usable(turns: TurnPolicy, stages: Stages) -> TurnPolicy:
+        """`turns` as these stages can run it: a remote LLM gives no text signal to wait for."""
+        return turns if getattr(stages.llm, "probes_user_end", True) else turns.without_text()
 
     def cancel_reply(self) -> None:
         self._apply(self.turns.cancel())

@@ -22,6 +22,7 @@ from voice.audio import float_to_pcm16, resample
 from voice.reply import VoiceBinding, WorkCounter
 from voice.tts_stream import synthesize_async
 from web.openai_api.schema import ApiError, SpeechRequest
+from web.protocol import clip
 from web.runtime import Runtime
 
 SPEECH_RATE = 24000
@@ -72,7 +73,10 @@ def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str]) -> APIRou
         if len(data) > MAX_UPLOAD_BYTES:
             raise ApiError(413, f"file: larger than {MAX_UPLOAD_BYTES // 2**20} MB", param="file")
         audio = await asyncio.to_thread(decode_upload, data)
-        t = await asyncio.to_thread(runtime().stages.transcriber.transcribe, audio)
+        try:
+            t = await asyncio.to_thread(runtime().stages.transcriber.transcribe, audio)
+        except (OSError, RuntimeError, ValueError) as exc:  # e.g. this server's own recogniser is remote and down
+            raise ApiError(502, f"transcription failed: {exc}", type="server_error") from None
         if response_format == "text":
             return PlainTextResponse(t.text)
         body: dict[str, Any] = {"text": t.text}
@@ -92,7 +96,7 @@ def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str]) -> APIRou
         name = aliases.get(name, name)
         if name not in voices:
             known = sorted({*voices, *aliases})
-            raise ApiError(400, f"voice: unknown voice {body.voice_name()!r} (known: {', '.join(known)})", param="voice")
+            raise ApiError(400, f"voice: unknown voice {clip(body.voice_name())} (known: {', '.join(known)})", param="voice")
         media = "audio/wav" if body.response_format == "wav" else "audio/pcm"
         return StreamingResponse(_speak(voices[name], body, stages.tts_work), media_type=media)
 
