@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class RealtimeConnection:
         self.aliases = voice_aliases(state.cfg)
         self.config = RealtimeConfig(voice="alloy", instructions="")
         self.base = state.settings
-        settings = type(state.settings)(**{**state.settings.__dict__, "output_sample_rate": RATE, "greet": False})
+        settings = replace(state.settings, output_sample_rate=RATE, greet=False)  # OpenAI's rate; no greeting
         self.session = Session(self.session_id, state.stages, settings, state.personas, state.cfg.default_persona,
                                outbox=self.outbox, on_trace=lambda t: state.metrics.record_trace(t.to_dict()))  # fmt: skip
         self.translator = Translator()
