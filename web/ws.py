@@ -71,6 +71,20 @@ async def drain(state: "AppState", grace_s: float) -> None:
     await asyncio.gather(*(c.shut_down(grace_s) for c in list(state.live)))
 
 
+async def receive_until(ws: WebSocket, stop: asyncio.Event, timeout_s: float) -> dict[str, Any] | None:
+    """The socket's next message, or None when `stop` is set or `timeout_s` passes first."""
+    receive = asyncio.ensure_future(ws.receive())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({receive, stopped}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if receive in done:
+        return receive.result()
+    receive.cancel()
+    return None
+
+
 async def _safe_send(ws: WebSocket, text: str) -> None:
     if ws.application_state == WebSocketState.CONNECTED:
         try:
@@ -195,15 +209,9 @@ class Connection:
         else:
             left_s = self.limits.idle_timeout_s - (now - self._active_at)
             code, why = "idle_timeout", f"no message for {self.limits.idle_timeout_s:g} s"
-        receive = asyncio.ensure_future(self.ws.receive())
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            done, _ = await asyncio.wait({receive, stop}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if receive in done:
-            return receive.result()
-        receive.cancel()
+        msg = await receive_until(self.ws, self._stop, left_s)
+        if msg is not None:
+            return msg
         close_code = P.CLOSE_NORMAL
         if self._stop_reason is not None:
             code, why, close_code = self._stop_reason

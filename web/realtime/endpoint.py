@@ -28,6 +28,7 @@ from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
 from web.realtime.config import RATE, RealtimeConfig, SessionIn
 from web.realtime.translate import Translator, error_event, new_id
+from web.ws import receive_until
 
 if TYPE_CHECKING:
     from web.app import AppState
@@ -138,19 +139,12 @@ class RealtimeConnection:
         active = time.monotonic()
         while True:
             left = self.limits.idle_timeout_s - (time.monotonic() - active)
-            receive = asyncio.ensure_future(self.ws.receive())
-            stop = asyncio.ensure_future(self._stop.wait())
-            try:
-                done, _ = await asyncio.wait({receive, stop}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-            if receive not in done:
-                receive.cancel()
+            msg = await receive_until(self.ws, self._stop, left)
+            if msg is None:
                 if not self._stop.is_set():
                     self._error("idle_timeout", f"no event for {self.limits.idle_timeout_s:g} s")
                 await self._flush()
                 return
-            msg = receive.result()
             if msg["type"] == "websocket.disconnect":
                 return
             text = msg.get("text")
