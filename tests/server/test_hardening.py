@@ -290,9 +290,18 @@ async def test_slow_headers_are_cut_off_and_connections_are_capped(server: Serve
 # -- 8. an utterance that never ends -------------------------------------------------------------------------------
 
 
+_RUN_ON = (
+    "and then the little brown dog ran all the way around the big red barn and back again while the old farmer sat"
+    " in his chair by the door and watched the long slow river go by under the bridge near the mill"
+)
+
+
 async def test_an_utterance_ends_at_its_maximum_length(server: ServerProcess, question: np.ndarray) -> None:
-    speech = corpus._trim(corpus.speak(corpus.REPLIES[0] + " " + corpus.REPLIES[1], "piper-steady"))  # ~9 s, no pause
+    # One run-on sentence: no punctuation, so no pause a turn check could end it at (the longest silence in its
+    # first 5 s is ~50 ms, under the 160 ms before a check); sentences ("Sure. It will be…") end early on a check.
+    speech = corpus._trim(corpus.speak(_RUN_ON, "piper-steady"))  # ~9.5 s
     assert len(speech) > 16000 * 6
+    assert max((b - a for a, b in corpus._gaps_ms(speech[: 16000 * 5], 16000)), default=0.0) < 120
     c = await started(server)
     await c.wait_for("response.done")
     await c.stream(speech[: 16000 * 6], until=lambda: bool(c.of("vad.speech_ended")))
