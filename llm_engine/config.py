@@ -10,13 +10,19 @@ from pathlib import Path
 from typing import Any
 
 
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # HF model_type / GGUF general.architecture
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    rope_type: str = "default"  # "default" | "linear" | "llama3"
+    rope_type: str = "default"  # "default" | "linear" | "llama3" | "freq_factors"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # "freq_factors": each rotary frequency divided by its own factor [head_dim // 2], as a GGUF's `rope_freqs`
+    # tensor carries Llama 3 scaling (llama.cpp's converter bakes the scaling into these numbers)
+    freq_factors: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,28 +39,30 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 has biases on q/k/v projections
+    qk_norm: bool = False  # Qwen3 RMS-normalises each head's query and key (over head_dim) before rope
     max_position_embeddings: int = 2048
     architecture: str = "llama"
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         model_type = cfg.get("model_type", "llama")
-        if model_type not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"unsupported model_type {model_type!r}: only the Llama family (llama, qwen2, mistral)")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"unsupported model_type {model_type!r}: Parley runs {', '.join(ARCHITECTURES)}")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg.get('hidden_act')!r}: SwiGLU needs silu")
         # transformers 5 writes rope settings under rope_parameters; older configs use rope_theta + rope_scaling.
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "linear", "llama3"):
-            raise ValueError(f"unsupported rope type {rope_type!r}")
+        if rope_type not in ("default", "linear", "llama3", "freq_factors"):
+            raise ValueError(f"unsupported rope type {rope_type!r}: Parley knows default, linear and llama3")
         scaling = RopeScaling(
             rope_type=rope_type,
             factor=float(rope.get("factor", 1.0)),
             low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
             high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)),
+            freq_factors=tuple(float(f) for f in rope.get("freq_factors", ())),
         )
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -71,6 +79,7 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             architecture=model_type,
         )
@@ -84,6 +93,8 @@ class ModelConfig:
         rope = {"rope_type": self.rope_scaling.rope_type, "rope_theta": self.rope_theta}
         if self.rope_scaling.rope_type != "default":
             rope.update({k: v for k, v in asdict(self.rope_scaling).items() if k != "rope_type"})
+            if not self.rope_scaling.freq_factors:
+                del rope["freq_factors"]
         return {
             "model_type": self.architecture,
             "hidden_act": "silu",

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_engine.config import ModelConfig, RopeScaling
+from llm_engine.config import ARCHITECTURES, ModelConfig, RopeScaling
 
-CONVERTER_VERSION = 1  # bump when the conversion changes, so stale caches are rebuilt
+CONVERTER_VERSION = 2  # bump when the conversion changes, so stale caches are rebuilt
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -29,6 +29,8 @@ _LAYER_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -77,16 +79,12 @@ def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True) -> None:
     from tqdm import tqdm
 
     reader = GGUFReader(str(gguf_path))
-    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    if "tokenizer.ggml.tokens" in reader.fields:
-        meta["_n_vocab"] = len(reader.fields["tokenizer.ggml.tokens"].data)
-    names = {t.name for t in reader.tensors}
-    cfg = config_from_gguf(meta, tied="output.weight" not in names)
-    if "rope_freqs.weight" in names:
-        raise NotImplementedError(f"{gguf_path.name}: GGUF rope_freqs (Llama 3 scaling) is not supported yet")
+    cfg = read_config(reader, gguf_path)
     state: dict[str, torch.Tensor] = {}
     bar = tqdm(reader.tensors, desc=f"converting {gguf_path.name} (once)", unit="tensor", disable=not progress)
     for t in bar:
+        if t.name == ROPE_FREQS:
+            continue  # read into the config (rope scaling), not a weight
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [rows=out, cols=in]
         w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
         name = hf_name(t.name)
@@ -98,6 +96,30 @@ def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True) -> None:
     save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     save_tokenizer(gguf_path, out)
+
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: its rope scaling, as one divisor per rotary frequency
+# The tensor types Parley reads (each tested against gguf's own dequantize); others are refused by name.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+def read_config(reader: Any, gguf_path: Path) -> ModelConfig:
+    """The model's shape from the GGUF metadata, with a one-line error for what Parley cannot run."""
+    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        meta["_n_vocab"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_TYPES:
+            raise ValueError(f"{gguf_path.name}: tensor {t.name} is {t.tensor_type.name}; Parley reads "
+                             f"{', '.join(SUPPORTED_TYPES)} (pick another quantization of this model)")  # fmt: skip
+    freqs = tensors.get(ROPE_FREQS)
+    factors = tuple(float(f) for f in np.asarray(freqs.data, dtype=np.float32).reshape(-1)) if freqs is not None else ()
+    try:
+        return config_from_gguf(meta, tied="output.weight" not in tensors, bias="blk.0.attn_q.bias" in tensors,
+                                freq_factors=factors)  # fmt: skip
+    except ValueError as exc:
+        raise ValueError(f"{gguf_path.name}: {exc}") from None
 
 
 def hf_name(gguf_name: str) -> str:
@@ -117,10 +139,12 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def config_from_gguf(meta: dict[str, Any], *, tied: bool) -> ModelConfig:
+def config_from_gguf(
+    meta: dict[str, Any], *, tied: bool, bias: bool | None = None, freq_factors: tuple[float, ...] = ()
+) -> ModelConfig:
     arch = str(meta["general.architecture"])
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"unsupported GGUF architecture {arch!r}")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch!r}: Parley runs {', '.join(ARCHITECTURES)}")
 
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
@@ -128,8 +152,12 @@ def config_from_gguf(meta: dict[str, Any], *, tied: bool) -> ModelConfig:
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     scaling = RopeScaling()
-    if get("rope.scaling.type") == "linear":
+    if freq_factors:
+        scaling = RopeScaling(rope_type="freq_factors", freq_factors=freq_factors)
+    elif get("rope.scaling.type") == "linear":
         scaling = RopeScaling(rope_type="linear", factor=float(get("rope.scaling.factor", 1.0)))
+    elif get("rope.scaling.type") not in (None, "none"):
+        raise ValueError(f"unsupported rope scaling {get('rope.scaling.type')!r}")
     return ModelConfig(
         vocab_size=int(get("vocab_size", 0)) or int(meta.get("_n_vocab", 0)),
         hidden_size=hidden,
@@ -142,7 +170,8 @@ def config_from_gguf(meta: dict[str, Any], *, tied: bool) -> ModelConfig:
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         tie_word_embeddings=tied,
-        qkv_bias=arch == "qwen2",
+        qkv_bias=arch == "qwen2" if bias is None else bias,
+        qk_norm=arch == "qwen3",
         max_position_embeddings=int(get("context_length", 2048)),
         architecture=arch,
     )

@@ -1,8 +1,14 @@
-"""Reads llama.cpp Q4_1 / Q8_0 blocks straight out of a GGUF file into our quantized Linear layers.
+"""Reads llama.cpp's 4-bit and Q8_0 blocks straight out of a GGUF file into our quantized Linear layers.
 
-Q4_1 (32 weights: fp16 scale d, fp16 minimum m, 4-bit codes; w = q*d + m) is exactly our asymmetric
-int4 with group 32, so the codes are copied, never rounded. Q8_0 (32 weights, one fp16 scale) has no
-exact per-channel int8 equivalent and is requantized per channel. It knows nothing about the engine.
+Our int4 layer is asymmetric with group 32: w = q * scale + minimum, q in 0..15. Three GGUF types are
+exactly that, so their codes are copied, never rounded:
+- Q4_1 (32 weights: fp16 scale d, fp16 minimum m, 4-bit codes): scale d, minimum m.
+- Q4_0 (32 weights: fp16 scale d, 4-bit codes; w = (q - 8) * d): scale d, minimum -8d.
+- Q4_K (256 weights: fp16 d and dmin, eight 6-bit (scale, min) pairs, 4-bit codes; w = q * d*sc - dmin*mn):
+  scale d*sc, minimum -dmin*mn per 32 weights (float32, as llama.cpp computes them).
+Q8_0 (32 weights, one fp16 scale) has no exact per-channel int8 equivalent and is requantized per channel.
+Q5_K, Q6_K and the float types are dequantized and quantized again as `llm.quant` asks (quantize.py).
+It knows nothing about the engine.
 """
 from __future__ import annotations
 
@@ -16,6 +22,9 @@ from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, Sche
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8
+Q4_0_BLOCK_BYTES = 18  # fp16 d, 16 bytes of nibbles
+Q4_K_BLOCK_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128 bytes of nibbles
+Q4_K_WEIGHTS = 256
 GGUF_GROUP = 32
 
 
@@ -29,6 +38,36 @@ def unpack_q4_1(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
     return codes.astype(np.uint8), d, m
 
 
+def unpack_q4_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """raw [rows, cols/32*18] uint8 -> codes [rows, cols] uint8, scales and minimums [rows, cols/32] f32."""
+    blocks = np.ascontiguousarray(raw).reshape(rows, cols // GGUF_GROUP, Q4_0_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, G]
+    qs = blocks[..., 2:]  # [rows, G, 16]: low nibbles are weights 0..15, high nibbles 16..31
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(rows, cols)
+    return codes.astype(np.uint8), d, -8.0 * d
+
+
+def unpack_q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """raw [rows, cols/256*144] uint8 -> codes [rows, cols] uint8, scales and minimums [rows, cols/32] f32."""
+    nb = cols // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw).reshape(rows, nb, Q4_K_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)[..., None]  # [rows, nb, 1]
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)[..., None]
+    sm = blocks[..., 4:16].astype(np.uint8)  # [rows, nb, 12]
+    # Sub-blocks 0..3 keep 6 bits each in bytes 0..3 (scale) and 4..7 (min); sub-blocks 4..7 keep their low
+    # 4 bits in bytes 8..11 (scale low nibble, min high nibble) and their top 2 bits in the top of bytes 0..7.
+    sc = np.concatenate([sm[..., 0:4] & 63, (sm[..., 8:12] & 0xF) | ((sm[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([sm[..., 4:8] & 63, (sm[..., 8:12] >> 4) | ((sm[..., 4:8] >> 6) << 4)], axis=-1)
+    qs = blocks[..., 16:].reshape(rows, nb, 4, 32)  # four runs of 32 bytes: low nibbles one sub-block, high the next
+    codes = np.stack([qs & 0xF, qs >> 4], axis=3).reshape(rows, cols)  # [rows, nb, 4, 2, 32] in weight order
+    scales = (d * sc.astype(np.float32)).reshape(rows, nb * 8)
+    minimums = -(dmin * mn.astype(np.float32)).reshape(rows, nb * 8)
+    return codes.astype(np.uint8), scales, minimums
+
+
+_INT4_EXACT = {"Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q4_K": unpack_q4_k}
+
+
 def unpack_q8_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """raw [rows, cols/32*34] uint8 -> codes [rows, cols] int8, scales [rows, cols/32] f32."""
     blocks = np.ascontiguousarray(raw).reshape(rows, cols // GGUF_GROUP, Q8_0_BLOCK_BYTES)
@@ -40,21 +79,21 @@ def unpack_q8_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
 def read_quantized_linears(
     gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True
 ) -> dict[str, nn.Module]:
-    """-> {our module path ("layers.0.mlp.up_proj"): quantized layer} for every Q4_1/Q8_0 projection the scheme allows.
+    """-> {our module path ("layers.0.mlp.up_proj"): quantized layer} for every projection the scheme takes as is.
 
-    int4 takes Q4_1 blocks as they are; int8 takes Q8_0 blocks (per-channel requantized). Other pairs are
+    int4 takes Q4_0, Q4_1 and Q4_K blocks as they are; int8 takes Q8_0 blocks (per-channel requantized). Other pairs are
     left out, and quantize_model quantizes those layers from the float weights.
     """
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from llm_engine.gguf_loader import config_from_gguf, hf_name, unpermute_qk, _field_value
+    from llm_engine.gguf_loader import hf_name, read_config, unpermute_qk
 
     reader = GGUFReader(str(gguf_path))
-    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    names = {t.name for t in reader.tensors}
-    cfg = config_from_gguf(meta, tied="output.weight" not in names)
+    cfg = read_config(reader, Path(gguf_path))
     out: dict[str, nn.Module] = {}
     for t in reader.tensors:
+        if not t.name.startswith("blk."):
+            continue
         name = hf_name(t.name).removeprefix("model.")
         if not name.startswith("layers.") or not name.endswith("_proj.weight"):
             continue
@@ -63,8 +102,8 @@ def read_quantized_linears(
         # llama.cpp permuted Q/K rows; the permutation is over whole rows, so codes and scales follow it.
         fix = (lambda a: unpermute_qk(a, heads)) if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")) else (lambda a: a)
         path = name.removesuffix(".weight")
-        if scheme == "int4" and t.tensor_type == GGMLQuantizationType.Q4_1:
-            codes, d, m = unpack_q4_1(t.data, rows, cols)
+        if scheme == "int4" and t.tensor_type.name in _INT4_EXACT:
+            codes, d, m = _INT4_EXACT[t.tensor_type.name](t.data, rows, cols)
             out[path] = Int4WeightOnlyLinear(
                 torch.from_numpy(fix(codes).copy()), torch.from_numpy(fix(d).copy()), torch.from_numpy(fix(m).copy()),
                 GGUF_GROUP, use_kernel=use_kernel,

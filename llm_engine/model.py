@@ -1,4 +1,4 @@
-"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral without sliding window, Qwen2).
+"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral without sliding window, Qwen2, Qwen3).
 
 It reads and writes keys/values through a StaticKVCache at explicit positions and slots, so one
 forward serves prefill, decode and (later) batches of slots. It knows nothing about tokens as text,
@@ -31,8 +31,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """-> [head_dim // 2] float32 inverse frequencies, with linear or Llama-3 scaling applied."""
+    """-> [head_dim // 2] float32 inverse frequencies, with linear, Llama-3 or per-frequency scaling applied."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling.rope_type == "freq_factors":
+        if len(scaling.freq_factors) != head_dim // 2:
+            raise ValueError(f"rope freq_factors has {len(scaling.freq_factors)} values, head_dim {head_dim} needs {head_dim // 2}")
+        return inv / torch.tensor(scaling.freq_factors, dtype=torch.float32)
     if scaling.rope_type == "linear":
         return inv / scaling.factor
     if scaling.rope_type != "llama3":
@@ -73,6 +77,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        # Qwen3: each head's query and key RMS-normalised over head_dim before rope
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.qkv_proj: nn.Module | None = None  # set by fuse.fuse_projections, replacing the three above
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,7 +93,10 @@ class Attention(nn.Module):
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         heads = qkv.view(b, t, self.n_heads + 2 * self.n_kv, self.head_dim).transpose(1, 2)  # [B, H+2Hkv, T, D]
-        qk = apply_rope(heads[:, : self.n_heads + self.n_kv], cos, sin)
+        qk = heads[:, : self.n_heads + self.n_kv]
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : self.n_heads]), self.k_norm(qk[:, self.n_heads :])], dim=1)
+        qk = apply_rope(qk, cos, sin)
         return qk[:, : self.n_heads], qk[:, self.n_heads :], heads[:, self.n_heads + self.n_kv :]
 
     def forward(

@@ -24,6 +24,8 @@ struct PLayer {
     PLinear o;               // heads * head_dim -> hidden
     PLinear gate_up;         // hidden -> 2 * inter, gate then up
     PLinear down;            // inter -> hidden
+    const float* q_norm;     // [head_dim] RMS norm of each query head before rope (Qwen3), or null
+    const float* k_norm;     // [head_dim] the same for each key head, or null
 };
 
 struct PModel {

@@ -42,6 +42,7 @@ int32_t parley_abi(void) { return (int32_t)(sizeof(PLinear) * 1000 + sizeof(PLay
 namespace {
 
 using matvec::kMaxRows;
+constexpr int kMaxHeadDim = 512;  // decoder.py refuses wider heads
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     float ss = 0.f;
@@ -157,8 +158,16 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 const float* src = &qkv[(size_t)b * qkv_width];
                 const float *cos = m.rope_cos + pos[b] * d, *sin = m.rope_sin + pos[b] * d;
                 float* kv = &own.kv[(size_t)b * 2 * hkv * d];
-                for (int head = 0; head < hq; ++head) rope(src + head * d, cos, sin, d, &own.q[((size_t)b * hq + head) * d]);
-                for (int head = 0; head < hkv; ++head) rope(src + (hq + head) * d, cos, sin, d, kv + head * d);
+                float normed[kMaxHeadDim];
+                for (int head = 0; head < hq + hkv; ++head) {
+                    const float* x = src + head * d;
+                    const float* norm = head < hq ? L.q_norm : L.k_norm;
+                    if (norm != nullptr) {
+                        rms_norm(x, norm, m.eps, d, normed);
+                        x = normed;
+                    }
+                    rope(x, cos, sin, d, head < hq ? &own.q[((size_t)b * hq + head) * d] : kv + (head - hq) * d);
+                }
                 std::memcpy(kv + hkv * d, src + (hq + hkv) * d, sizeof(float) * hkv * d);
             }
             if (m.kv_half)

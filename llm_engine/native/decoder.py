@@ -19,6 +19,7 @@ from llm_engine.native.build import NativeUnavailable, load
 from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
 MAX_ROWS = 16  # matvec::kMaxRows in matvec.h
+MAX_HEAD_DIM = 512  # kMaxHeadDim in decode.cpp
 
 
 class PLinear(ctypes.Structure):
@@ -33,6 +34,7 @@ class PLayer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
         ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
     ]
 
 
@@ -60,8 +62,8 @@ def unsupported(model: Transformer, cache: StaticKVCache) -> str | None:
         return f"it keeps keys and values in float32 or float16, not {cache.k.dtype}"
     if any(b.self_attn.qkv_proj is None or b.mlp.gate_up_proj is None for b in model.layers):
         return "projections are not fused (llm_engine.fuse.fuse_projections)"
-    if model.cfg.head_dim % 2:
-        return f"head_dim {model.cfg.head_dim} is odd"
+    if model.cfg.head_dim % 2 or model.cfg.head_dim > MAX_HEAD_DIM:
+        return f"head_dim {model.cfg.head_dim} is odd or over {MAX_HEAD_DIM}"
     for layer in _linears(model):
         if not isinstance(layer, (nn.Linear, Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
             return f"no kernel for {type(layer).__name__}"
@@ -73,6 +75,23 @@ def _linears(model: Transformer) -> list[nn.Module]:
     for b in model.layers:
         out += [b.self_attn.qkv_proj, b.self_attn.o_proj, b.mlp.gate_up_proj, b.mlp.down_proj]
     return out + ([model.lm_head] if model.lm_head is not None else [])
+
+
+def kernels_used(model: Transformer, int8_dot: bool) -> str:
+    """What the step's matrix products actually run on, by layer count: "28 int4 layers on the int8-input VNNI
+    kernel, 1 float32 layer (the head)"."""
+    counts: dict[str, int] = {}
+    for layer in _linears(model):
+        if isinstance(layer, Int4WeightOnlyLinear):
+            exact = torch.equal(torch.stack([layer.scales, layer.minimums], -1).half().float(),
+                                torch.stack([layer.scales, layer.minimums], -1))  # fmt: skip
+            kind = "int4 on the int8-input VNNI kernel" if int8_dot and exact else "int4 on the float kernel"
+        else:
+            kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
+        counts[kind] = counts.get(kind, 0) + 1
+    if model.lm_head is None:
+        counts["float32 (tied head)"] = 1
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items()) + " matrices"
 
 
 def _ptr(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
@@ -151,6 +170,8 @@ class NativeDecoder:
                 _ptr(b.input_layernorm.weight, keep), _ptr(b.post_attention_layernorm.weight, keep),
                 describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
                 describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
+                _ptr(b.self_attn.q_norm.weight if b.self_attn.q_norm is not None else None, keep),
+                _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep),
             )
         head = (describe_linear(model.lm_head, keep) if model.lm_head is not None
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
@@ -189,8 +210,7 @@ def native_decoder(model: Transformer, cache: StaticKVCache, *, required: bool) 
     if reason is None:
         try:
             decoder = NativeDecoder(model, cache)
-            kernel = "int4 layers on the int8-input VNNI kernel" if decoder.int8_dot else "float kernels"
-            return decoder, f"compiled CPU step ({kernel})"
+            return decoder, f"compiled CPU step ({kernels_used(model, decoder.int8_dot)})"
         except NativeUnavailable as exc:
             reason = str(exc)
     if required:

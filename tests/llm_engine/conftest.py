@@ -15,7 +15,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 def build_tiny(kind: str, folder: Path) -> Path:
     """A random model saved by transformers; larger init spread so greedy choices are not near-ties."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     if kind == "llama3-rope":
         cfg = LlamaConfig(
@@ -30,6 +30,8 @@ def build_tiny(kind: str, folder: Path) -> Path:
         cfg = LlamaConfig(**TINY, initializer_range=0.2, tie_word_embeddings=True)
     elif kind == "qwen2":
         cfg = Qwen2Config(**TINY, initializer_range=0.2)
+    elif kind == "qwen3-tied":  # q/k norms, heads wider than hidden / heads, tied head
+        cfg = Qwen3Config(**TINY, initializer_range=0.2, head_dim=32, tie_word_embeddings=True)
     else:
         raise ValueError(kind)
     torch.manual_seed(0)

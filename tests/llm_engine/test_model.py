@@ -1,4 +1,4 @@
-"""Our model against transformers' on tiny random Llama / Qwen2 models: logits within 1e-4, same greedy tokens."""
+"""Our model against transformers' on tiny random Llama / Qwen2 / Qwen3 models: logits within 1e-4, same greedy tokens."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +14,7 @@ from llm_engine.config import RopeScaling
 DECODE_STEPS = 32
 
 
-@pytest.fixture(scope="module", params=["llama3-rope", "llama-tied", "qwen2"])
+@pytest.fixture(scope="module", params=["llama3-rope", "llama-tied", "qwen2", "qwen3-tied"])
 def tiny_pair(request, tmp_path_factory, tiny_builder):
     from transformers import AutoModelForCausalLM
 
@@ -32,8 +32,9 @@ def new_cache(model, slots: int = 1, max_seq: int = 128) -> StaticKVCache:
 def test_config_read_from_hf(tiny_pair):
     kind, ours, _ = tiny_pair
     assert ours.cfg.qkv_bias is (kind == "qwen2")
-    assert ours.cfg.tie_word_embeddings is (kind == "llama-tied")
-    assert (ours.lm_head is None) is (kind == "llama-tied")
+    assert ours.cfg.tie_word_embeddings is kind.endswith("-tied")
+    assert (ours.lm_head is None) is kind.endswith("-tied")
+    assert ours.cfg.qk_norm is (kind == "qwen3-tied")
     assert ours.cfg.rope_scaling.rope_type == ("llama3" if kind == "llama3-rope" else "default")
 
 
