@@ -117,13 +117,15 @@ class Engine:
         cuda_graphs: bool = False,
         native: str = "auto",
         kv_dtype: torch.dtype | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
         for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only).
         native: decode steps through the compiled CPU step (llm_engine/native): "auto" where it can run
         this model (CPU, float32, fused projections, a C++ compiler), "on" (fail if it cannot), "off".
         `decode_path` says which path decode steps take, and why. kv_dtype: the KV cache's element type
-        (None: the model's; float16 under a float32 model halves what long conversations read)."""
+        (None: the model's; float16 under a float32 model halves what long conversations read). prefix_cache:
+        a new request copies the longest prompt prefix another idle slot holds instead of computing it."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -138,6 +140,9 @@ class Engine:
         # of prefill_chunk tokens, one per step: that caps how long their next token waits behind a long prompt.
         self.scheduler = BatchScheduler(max_batch=max_slots, chunk_tokens=prefill_chunk)
         self.steps = 0  # engine steps that did work (a prompt chunk and/or one batched decode)
+        self.prefix_cache = prefix_cache
+        self.prefix_hits = 0  # requests that copied a prompt prefix from another slot (written by the engine thread)
+        self.prefix_tokens = 0  # the tokens those copies saved computing
         self.speculation: SoloSpeculation | None = None
         if draft is not None:
             from llm_engine.solo_speculation import SoloSpeculation
@@ -174,6 +179,7 @@ class Engine:
         cuda_graphs: bool = False,
         native: str = "auto",
         kv_cache: str = "auto",
+        prefix_cache: bool = True,
     ) -> "Engine":
         """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
@@ -190,7 +196,7 @@ class Engine:
                     self_draft=self_draft, kv_cache=kv_cache)  # fmt: skip
         engine = cls(
             p.model, p.tokenizer, max_slots=max_slots, max_seq_len=max_seq_len, draft=p.draft,
-            cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype,
+            cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype, prefix_cache=prefix_cache,
         )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine
@@ -320,8 +326,25 @@ class Engine:
             if slot is None:
                 return  # every slot is busy: FIFO, so later arrivals wait too
             job.slot = slot
+            self._borrow_prefix(slot, job.gen.prompt)
             busy_sessions.add(job.req.session_id)
             self.scheduler.start(job_id)
+
+    def _borrow_prefix(self, slot: int, prompt: list[int]) -> None:
+        """A new request whose prompt starts with tokens another idle slot already holds copies those keys and
+        values instead of computing them again (counted in prefix_hits / prefix_tokens and the request's Timings)."""
+        if not self.prefix_cache:
+            return
+        with self._lock:
+            donor = self.slots.prefix_donor(slot, prompt)
+        if donor is None:
+            return
+        src, n = donor
+        self.cache.copy_prefix(src, slot, n)
+        state = self.slots.slots[slot]
+        state.tokens, state.borrowed = list(prompt[:n]), n
+        self.prefix_hits += 1
+        self.prefix_tokens += n
 
     def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None

@@ -96,7 +96,9 @@ class Generation:
             if self.probe is not None:  # the probed position must run through the model, not come from the cache
                 reused = min(reused, self.probe[0])
             state.tokens = self.prompt[:reused]
-            self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused)
+            shared, state.borrowed = min(state.borrowed, reused), 0
+            self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused,
+                                   shared_prefix_tokens=shared)  # fmt: skip
         start = len(state.tokens)
         chunk = self.prompt[start : start + max(1, min(max_tokens, PREFILL_CHUNK))]
         tokens = torch.tensor([chunk], device=self.device)  # [1, T]

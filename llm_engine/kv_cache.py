@@ -11,6 +11,9 @@ from typing import Sequence
 import torch
 
 
+MIN_SHARED_PREFIX = 16  # fewer shared tokens are not worth a copy across slots
+
+
 class StaticKVCache:
     """Preallocated keys/values: [layers, slots, kv_heads, max_seq, head_dim] each, never resized.
 
@@ -49,6 +52,11 @@ class StaticKVCache:
         self.k[layer][slot_idx, :, input_pos] = k.transpose(1, 2)
         self.v[layer][slot_idx, :, input_pos] = v.transpose(1, 2)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Positions [0, n) of slot src, every layer, into slot dst (the prefix cache across slots)."""
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
     def read(self, layer: int, slots: Sequence[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> keys, values [B, kv_heads, kv_len, head_dim]; a view (no copy) for a single slot."""
         if len(slots) == 1:
@@ -65,6 +73,7 @@ class SlotState:
     busy: bool = False  # a request is running in it: never evicted
     last_used: int = 0  # logical clock for LRU eviction
     shared: bool = False  # held for an anonymous request: another may take it over by prefix (acquire)
+    borrowed: int = 0  # leading tokens copied in from another slot for the request now starting (prefix cache)
 
 
 class SlotTable:
@@ -104,12 +113,30 @@ class SlotTable:
             return None
         return self._take(min(idle, key=lambda i: self.slots[i].last_used), session_id, keep=False, shared=shared)
 
+    def prefix_donor(self, slot: int, prompt: Sequence[int], min_tokens: int = MIN_SHARED_PREFIX) -> tuple[int, int] | None:
+        """The prefix cache across slots: -> (donor slot, n) when another idle slot holds the first n tokens of
+        `prompt` (a persona's system prompt another session already ran, above all) and that is at least
+        min_tokens more than `slot` holds itself; the donor counts as used (LRU). None otherwise."""
+        own = common_prefix_len(self.slots[slot].tokens, prompt)
+        best, best_len = None, own + min_tokens - 1
+        for i, s in enumerate(self.slots):
+            if i != slot and not s.busy and s.tokens:
+                n = common_prefix_len(s.tokens, prompt)
+                if n > best_len:
+                    best, best_len = i, n
+        if best is None:
+            return None
+        self._clock += 1
+        self.slots[best].last_used = self._clock
+        return best, best_len
+
     def _take(self, i: int, session_id: str, *, keep: bool, shared: bool) -> int:
         s = self.slots[i]
         if not keep:
             s.tokens = []  # an evicted slot's contents belong to someone else: reuse nothing
         s.session_id = session_id
         s.shared = shared
+        s.borrowed = 0
         s.busy = True
         self._clock += 1
         s.last_used = self._clock

@@ -44,7 +44,8 @@ class Timings:
     decode_tokens: int = 0  # tokens from decode steps (the first token comes from prefill)
     decode_ms: float = 0.0  # time spent in those decode steps
     prefill_tokens: int = 0  # prompt tokens actually run through the model
-    reused_tokens: int = 0  # prompt tokens whose keys/values came from the session's cache
+    reused_tokens: int = 0  # prompt tokens whose keys/values came from the cache (the slot's own or copied in)
+    shared_prefix_tokens: int = 0  # of those, copied from another session's slot (the prefix cache across slots)
 
     @property
     def decode_tokens_per_s(self) -> float:

@@ -129,6 +129,7 @@ class Utterance:
             "saved_ms": round(asr_ms + prefill_ms, 3),
             "prefill_tokens": computed,
             "reused_tokens": used,
+            "shared_prefix_tokens": result.shared_prefix_tokens if result is not None else 0,
             "discarded": self.discarded_ahead,
         }
 

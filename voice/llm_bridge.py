@@ -29,6 +29,7 @@ class LlmFinish:
     queue_ms: float = 0.0  # submit -> prefill start: e.g. waiting behind this session's ahead prefill
     end_prob: float | None = None  # asked with probe_user_end: P(the user's message is complete as it stands)
     generated_tokens: int = 0  # the reply's tokens
+    shared_prefix_tokens: int = 0  # prompt tokens copied from another session's cache (the engine's prefix cache)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _translate(ev: Any) -> LlmEvent:
         t = ev.timings
         return LlmFinish(
             ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens),
-            float(t.queue_ms), ev.end_prob, int(ev.generated),
+            float(t.queue_ms), ev.end_prob, int(ev.generated), int(t.shared_prefix_tokens),
         )  # fmt: skip
     if isinstance(ev, ErrorEvent):
         return LlmError(ev.message)
@@ -135,3 +136,7 @@ class LlmBridge:
 
     def active_slots(self) -> int:
         return int(self.engine.active_slots())
+
+    def prefix_cache(self) -> tuple[int, int]:
+        """(requests that copied a prompt prefix from another session's slot, tokens those copies saved)."""
+        return int(getattr(self.engine, "prefix_hits", 0)), int(getattr(self.engine, "prefix_tokens", 0))

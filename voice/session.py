@@ -101,6 +101,7 @@ class Session:
         self._held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self._bg: set[asyncio.Task[Any]] = set()
         self._start_lock = asyncio.Lock()
+        self._warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
         self._tg: asyncio.TaskGroup | None = None
         self._early: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
 
@@ -382,7 +383,9 @@ class Session:
     async def _warm_prompt(self) -> None:
         """The prompt so far (the system prompt, and the history once some was dropped) into this session's
         cache while the user speaks, not after they finish (~50 tokens ~80 ms here; ~700 tokens ~1.1 s)."""
-        await self.stages.llm.prefill(self.session_id, self.messages())
+        done = await self.stages.llm.prefill(self.session_id, self.messages())
+        if isinstance(done, LlmFinish):  # copied from another session's slot: the next reply's trace says so
+            self._warm_shared += done.shared_prefix_tokens
 
     async def _partial(self, utt: Utterance) -> None:
         text = await self.listener.partial(utt)
@@ -579,7 +582,11 @@ class Session:
                     trace.info["llm"] = {
                         "finish": event.reason, "prefill_tokens": event.prefill_tokens, "reused_tokens": event.reused_tokens,
                         "decode_tokens": event.decode_tokens, "queue_ms": round(event.queue_ms, 3),
+                        # this reply's prompt tokens that came from another session's cache (copied by the
+                        # reply itself, or by the session's warm-up before it)
+                        "shared_prefix_tokens": event.shared_prefix_tokens + self._warm_shared,
                     }  # fmt: skip
+                    self._warm_shared = 0
                     if utt is not None:
                         trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"], llm_start_ns, event)
                 elif isinstance(event, LlmError):

@@ -20,7 +20,7 @@ from voice.stages import PersonaSpec, SessionSettings, Stages
 from web import runtime as rt
 from web.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics
+from web.metrics import Metrics, stage_counters
 from web.realtime.endpoint import handle_realtime
 from web.ws import handle
 
@@ -135,10 +135,12 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         gauges: dict[str, float] = {}
+        counters: dict[str, tuple[float, str]] = {}
         if state.runtime is not None:
             gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
-        return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+            counters = stage_counters(state.runtime.stages.llm)
+        return PlainTextResponse(state.metrics.render(gauges, counters), media_type="text/plain; version=0.0.4")
 
     if cfg.server.openai_api:
         from web.openai_api.app import mount

@@ -95,6 +95,7 @@ class LlmConfig(_Strict):
     kv_cache: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float16 for a float32 model on CPU
     max_seq_len: int = Field(2048, ge=128)
     max_slots: int = Field(8, ge=1)
+    prefix_cache: bool = True  # a new session copies a prompt prefix (the persona) another idle slot holds
 
 
 class VoiceConfig(_Strict):

@@ -35,6 +35,16 @@ class Histogram:
         self.count += 1
 
 
+def stage_counters(llm: Any) -> dict[str, tuple[float, str]]:
+    """The LLM stage's own counters: the prefix cache across sessions (0 for a remote LLM)."""
+    prefix = getattr(llm, "prefix_cache", None)
+    hits, tokens = prefix() if prefix is not None else (0, 0)
+    return {
+        "parley_llm_prefix_cache_hits_total": (hits, "Requests that copied their prompt's first tokens from another session's KV cache."),
+        "parley_llm_prefix_cache_tokens_total": (tokens, "Prompt tokens those copies saved computing."),
+    }
+
+
 class Metrics:
     def __init__(self, trace_log: str | Path | None = None, keep_traces: int = 200) -> None:
         self._lock = threading.Lock()
@@ -83,7 +93,8 @@ class Metrics:
         with self._lock:
             return list(self.recent)[-limit:]
 
-    def render(self, extra_gauges: dict[str, float] | None = None) -> str:
+    def render(self, extra_gauges: dict[str, float] | None = None, extra_counters: dict[str, tuple[float, str]] | None = None) -> str:
+        """The exposition; extra_gauges and extra_counters ({name: (value, help)}) come from the loaded stages."""
         lines: list[str] = []
 
         def head(name: str, kind: str, help_text: str) -> None:
@@ -113,6 +124,9 @@ class Metrics:
             head("parley_errors_total", "counter", "Error messages sent to clients, by code.")
             for code in sorted(self.errors):
                 lines.append(f'parley_errors_total{{code="{code}"}} {self.errors[code]}')
+        for name, (count, help_text) in (extra_counters or {}).items():
+            head(name, "counter", help_text)
+            lines.append(f"{name} {count}")
         for name, value in (extra_gauges or {}).items():
             head(name, "gauge", name.replace("_", " ") + ".")
             lines.append(f"{name} {value}")

@@ -30,7 +30,18 @@ def small_engine(smol_engine):
     engine.stop()
 
 
-def test_second_turn_reuses_cache_and_equals_a_fresh_full_prefill(smol_engine):
+@pytest.fixture
+def cold_engine(smol_engine):
+    """The same weights and cache type without the prefix cache across slots: every new session computes its
+    whole prompt (the reference the cached runs must equal)."""
+    engine = Engine(smol_engine.model, smol_engine.tokenizer, max_slots=2, max_seq_len=1024,
+                    kv_dtype=smol_engine.cache.k.dtype, prefix_cache=False)  # fmt: skip
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_second_turn_reuses_cache_and_equals_a_fresh_full_prefill(smol_engine, cold_engine):
     turn1 = [SYSTEM, ChatMessage("user", "Name a fruit.")]
     ids1, text1, fin1 = ask(smol_engine, "reuse", turn1)
     assert fin1.timings.reused_tokens == 0
@@ -41,7 +52,7 @@ def test_second_turn_reuses_cache_and_equals_a_fresh_full_prefill(smol_engine):
     turn2 = turn1 + [ChatMessage("assistant", text1), ChatMessage("user", "And a vegetable?")]
     full = smol_engine.tokenizer.apply_chat_template(turn2)
     again, _, fin2 = ask(smol_engine, "reuse", turn2)
-    fresh, _, fin_fresh = ask(smol_engine, "fresh", turn2)
+    fresh, _, fin_fresh = ask(cold_engine, "fresh", turn2)
 
     assert again == fresh and len(again) >= 3
     reused = common_prefix_len(cached, full)
@@ -50,19 +61,17 @@ def test_second_turn_reuses_cache_and_equals_a_fresh_full_prefill(smol_engine):
     assert fin2.timings.prefill_tokens == len(full) - reused  # only the new tokens went through the model
     assert fin_fresh.timings.reused_tokens == 0 and fin_fresh.timings.prefill_tokens == len(full)
     smol_engine.release("reuse")
-    smol_engine.release("fresh")
 
 
-def test_prefill_only_request_prepares_the_cache_for_the_real_one(smol_engine):
+def test_prefill_only_request_prepares_the_cache_for_the_real_one(smol_engine, cold_engine):
     msgs = [SYSTEM, ChatMessage("user", "Tell me about the moon.")]
     ids, _, fin = ask(smol_engine, "ahead", msgs, max_new=0)
     assert ids == [] and fin.reason == "length" and fin.timings.prefill_tokens > 20
     full = smol_engine.tokenizer.apply_chat_template(msgs)
     ids, _, fin = ask(smol_engine, "ahead", msgs, max_new=8)
     assert fin.timings.reused_tokens == len(full) - 1 and fin.timings.prefill_tokens == 1
-    assert ids == ask(smol_engine, "ahead-fresh", msgs, max_new=8)[0]
+    assert ids == ask(cold_engine, "ahead-fresh", msgs, max_new=8)[0]
     smol_engine.release("ahead")
-    smol_engine.release("ahead-fresh")
 
 
 def test_a_request_s_own_stop_strings_end_it_and_are_not_part_of_the_text(smol_engine):
@@ -89,8 +98,40 @@ def test_an_anonymous_request_continuing_another_s_conversation_reuses_its_cache
     turn2 = turn1 + [ChatMessage("assistant", text1), ChatMessage("user", "And a vegetable?")]
     _, _, fin2 = anon("http-2", turn2)  # another id: found by prefix, not by name
     assert fin2.timings.reused_tokens >= len(small_engine.tokenizer.apply_chat_template(turn1)) - 3
-    _, _, fin3 = ask(small_engine, "a-session", turn2, max_new=8)  # a named session never takes a shared slot
-    assert fin3.timings.reused_tokens == 0
+    _, _, fin3 = ask(small_engine, "a-session", turn2, max_new=8)  # a named session never takes a shared slot...
+    assert small_engine.slots.slot_of("a-session") != small_engine.slots.slot_of("http-2")
+    # ...it copies what http-2 computed (the whole prompt but its last token, which must run to pick the first)
+    assert fin3.timings.reused_tokens == fin3.timings.shared_prefix_tokens == len(small_engine.tokenizer.apply_chat_template(turn2)) - 1
+
+
+PERSONA = ChatMessage("system", "You are Juniper, the voice of a small bakery in the old town. " * 12
+                      + "Answer in one or two short sentences, warmly, and never read out lists.")  # fmt: skip
+
+
+def test_a_new_session_copies_the_persona_prefix_another_session_computed(smol_engine, cold_engine):
+    """Same tokens as a cold prefill; the shared prefix (the persona's system prompt) is not computed again."""
+    first = [PERSONA, ChatMessage("user", "When do you open?")]
+    second = [PERSONA, ChatMessage("user", "Do you sell rye bread?")]
+    hits, saved = smol_engine.prefix_hits, smol_engine.prefix_tokens
+    ask(smol_engine, "guest-1", first)
+    ids, _, fin = ask(smol_engine, "guest-2", second)
+    cold_ids, _, cold = ask(cold_engine, "guest-2", second)
+
+    tok = smol_engine.tokenizer
+    prompt = tok.apply_chat_template(second)
+    shared = common_prefix_len(tok.apply_chat_template(first), prompt)
+    assert shared > 150  # the whole system prompt
+    assert ids == cold_ids and len(ids) >= 3
+    assert fin.timings.shared_prefix_tokens == fin.timings.reused_tokens == shared
+    assert fin.timings.prefill_tokens == len(prompt) - shared
+    assert cold.timings.reused_tokens == 0 and cold.timings.prefill_tokens == len(prompt)
+    assert (smol_engine.prefix_hits, smol_engine.prefix_tokens) == (hits + 1, saved + shared)
+    assert smol_engine.slots.slot_of("guest-1") != smol_engine.slots.slot_of("guest-2")
+    # the donor keeps its own conversation: its next turn still reuses its whole cache
+    _, _, again = ask(smol_engine, "guest-1", first)
+    assert again.timings.reused_tokens == len(tok.apply_chat_template(first)) - 1 and again.timings.shared_prefix_tokens == 0
+    for s in ("guest-1", "guest-2"):
+        smol_engine.release(s)
 
 
 def test_cancel_from_the_callback_stops_before_the_next_step_and_frees_the_slot(small_engine):

@@ -155,3 +155,29 @@ def test_an_anonymous_request_takes_over_the_shared_slot_with_the_longest_common
     assert t.acquire("anon-4", [7, 7, 8, 1], shared=True) == b
     # "voice" shares the most, but is not shared: it is only evicted as the least recently used, its cache dropped
     assert t.acquire("anon-5", [1, 2, 3, 4, 5, 6], shared=True) == own and t.slots[own].tokens == []
+
+
+def test_the_prefix_donor_is_the_idle_slot_sharing_the_most_beyond_what_the_slot_holds():
+    t = SlotTable(4)
+    persona = list(range(100, 140))  # 40 tokens: a system prompt every session starts with
+    a, b = t.acquire("a"), t.acquire("b")
+    t.slots[a].tokens, t.slots[b].tokens = persona + [1, 2], persona[:20]
+    t.finish(a)
+    c = t.acquire("c")
+    assert t.prefix_donor(c, persona + [7]) == (a, 40)  # b is busy, and a shares more anyway
+    assert t.slots[a].last_used > t.slots[b].last_used  # a donor counts as used: the shared prefix stays longest
+    t.finish(b)
+    assert t.prefix_donor(c, persona[:10]) is None  # under MIN_SHARED_PREFIX tokens: not worth a copy
+    t.slots[c].tokens = persona[:30]
+    assert t.prefix_donor(c, persona, min_tokens=16) is None  # a adds only 10 tokens to what c holds
+    assert t.prefix_donor(c, persona, min_tokens=8) == (a, 40)
+
+
+def test_copy_prefix_copies_every_layer_of_the_first_positions_only():
+    cache = StaticKVCache(num_layers=2, num_slots=2, num_kv_heads=1, max_seq_len=8, head_dim=2)
+    cache.k.normal_()
+    cache.v.normal_()
+    before = cache.k[:, 1].clone()
+    cache.copy_prefix(0, 1, 5)
+    assert torch.equal(cache.k[:, 1, :, :5], cache.k[:, 0, :, :5]) and torch.equal(cache.v[:, 1, :, :5], cache.v[:, 0, :, :5])
+    assert torch.equal(cache.k[:, 1, :, 5:], before[:, :, 5:])

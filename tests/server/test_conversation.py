@@ -79,3 +79,25 @@ async def test_spoken_question_gets_a_spoken_answer_and_a_complete_trace(live_se
     assert any(t["turn_id"] == turn and t["session_id"] == ready["session_id"] for t in traces)
     assert health["models_loaded"] is True
     assert [p["name"] for p in personas["personas"]] == ["assistant", "concise", "storyteller"]
+
+
+async def test_a_second_session_copies_the_persona_prefix_and_metrics_count_it(live_server) -> None:
+    """The prefix cache across sessions on a real server: the second conversation with the same persona finds
+    the system prompt's keys and values in the first one's slot, says so in its trace, and /metrics counts it."""
+    llm = {}
+    async with Client(live_server.ws_url()) as first:
+        await first.start()
+        await first.wait_for("response.done")
+        for name in ("first", "second"):
+            async with Client(live_server.ws_url()) as c:
+                await c.start()
+                await c.wait_for("response.done")  # the greeting
+                await c.send(type="input.text", text="What is the capital of France?")
+                trace = await c.wait_for("turn.trace", timeout_s=120)
+                llm[name] = trace["llm"]
+    assert llm["second"]["shared_prefix_tokens"] > 20, llm  # at least the persona's system prompt
+    async with httpx.AsyncClient(base_url=live_server.http, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        metrics = (await http.get("/metrics")).text
+    tokens = [line for line in metrics.splitlines() if line.startswith("parley_llm_prefix_cache_tokens_total ")]
+    assert tokens and int(tokens[0].split()[-1]) >= llm["second"]["shared_prefix_tokens"]
+    assert "# TYPE parley_llm_prefix_cache_hits_total counter" in metrics

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from web import runtime as rt
 from web.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics
+from web.metrics import Metrics, stage_counters
 from web.openai_api import audio, chat
 from web.openai_api.schema import ApiError
 
@@ -103,9 +103,11 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
     @app.get("/metrics")
     async def metrics_route() -> PlainTextResponse:
         gauges: dict[str, float] = {}
+        counters: dict[str, tuple[float, str]] = {}
         if (r := holder.get("runtime")) is not None:
             gauges = {"parley_engine_active_slots": r.stages.llm.active_slots(), "parley_tts_active": r.stages.tts_work.active}
-        return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")
+            counters = stage_counters(r.stages.llm)
+        return PlainTextResponse(metrics.render(gauges, counters), media_type="text/plain; version=0.0.4")
 
     mount(app, cfg, current)
     return app
