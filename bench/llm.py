@@ -8,7 +8,11 @@ values in float16, as the engine does on CPU by default (llama.cpp's default too
 Then decode speed with 40..2000 cached positions, ours with a float32 and a float16 cache, and llama.cpp.
 Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
 to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
+Then (bench/llm_models.py) a new session's TTFT under a ~300-token persona prompt, cold vs a prefix-cache hit,
+and with --shapes, decode speed at real sizes (random-weight GGUFs shaped like Qwen2.5-0.5B and a 1.5B Llama in
+Q4_1 / Q4_K), ours beside llama.cpp on the same file.
 Usage: HF_HUB_OFFLINE=1 .venv/bin/python bench/llm.py [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
+       [--shapes qwen2.5-0.5b,llama-1.5b] [--shape-types Q4_1,Q4_K]
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from llm_batch import aggregate_throughput  # noqa: E402
+from llm_models import persona_table, shapes_table  # noqa: E402
+from model_shapes import SHAPES  # noqa: E402
 from llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
     llm_path,
@@ -153,6 +159,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--batches", default="1,4,8", help="concurrent requests in the batching rows")
     ap.add_argument("--contexts", default="40,300,1000,2000", help="cached positions for the context table")
+    ap.add_argument("--persona-sessions", type=int, default=6, help="new sessions in the persona table (0: skip it)")
+    ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
+    ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
@@ -195,6 +204,13 @@ def main() -> None:
           " input into two int8 parts, ~16 bits).\nMB/step: weight"
           " bytes one decode step reads (speculation: '-', it varies with the draft length). TTFT 'n/a': llama.cpp fed the"
           " prompt one token at a time after its batched kernels crashed.")  # fmt: skip
+    if args.persona_sessions:
+        persona_table(args.model, sessions=args.persona_sessions)
+    if args.shapes:
+        import platformdirs
+
+        names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+        shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder)
 
 
 if __name__ == "__main__":

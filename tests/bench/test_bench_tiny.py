@@ -70,8 +70,9 @@ def test_load_tiny_split_topology(tmp_path: Path) -> None:
 
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
-    speculative) and the batching rows."""
-    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--skip-transformers", "--skip-llama-cpp")
+    speculative), the batching rows and the persona table (cold vs prefix hit)."""
+    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--skip-transformers", "--skip-llama-cpp",
+                      "--persona-sessions", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
@@ -89,6 +90,10 @@ def test_llm_table_tiny() -> None:
     assert lines[at + 1].split() == ["20", "60"]
     for row, cache in ((lines[at + 2], "float32 KV cache"), (lines[at + 3], "float16 KV cache")):
         assert cache in row and all(float(r) > 0 for r in row.split()[-2:]), row
+    cold = next(line for line in lines if line.startswith("off (cold prefill)")).split()
+    hit = next(line for line in lines if line.startswith("on (copied from an idle slot)")).split()
+    assert int(cold[-1]) == 0 and int(hit[-1]) > 150  # the persona prompt copied, not computed
+    assert int(hit[-2]) < int(cold[-2]) - 150 and cold[-3] == hit[-3]  # computed tokens; the same prompt
 
 
 def test_turns_tiny(tmp_path: Path) -> None:
