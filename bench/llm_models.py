@@ -46,18 +46,20 @@ def persona_table(path: Path, *, sessions: int = 6) -> None:
         try:
             warm = (ChatMessage("system", PERSONA), ChatMessage("user", "Hello!"))
             engine.submit(GenerateRequest("first", warm, SamplingParams(max_new_tokens=4))).collect()
-            ttft, total, computed, copied = [], 0, [], []
+            ttft, total, computed, copied = [], [], [], []
             for i in range(sessions):
                 msgs = (ChatMessage("system", PERSONA), ChatMessage("user", QUESTIONS[i % len(QUESTIONS)]))
                 _, _, fin = engine.submit(GenerateRequest(f"s{i}", msgs, SamplingParams(max_new_tokens=2))).collect()
                 engine.release(f"s{i}")
                 t = fin.timings
                 ttft.append(t.first_token_ms)
-                total, computed, copied = t.prefill_tokens + t.reused_tokens, [*computed, t.prefill_tokens], [*copied, t.shared_prefix_tokens]
+                total.append(t.prefill_tokens + t.reused_tokens)
+                computed.append(t.prefill_tokens)
+                copied.append(t.shared_prefix_tokens)
         finally:
             engine.stop()
         print(f"{'on (copied from an idle slot)' if on else 'off (cold prefill)':32s} {statistics.median(ttft):8.0f}"
-              f" {total:14d} {statistics.median(computed):9.0f} {statistics.median(copied):7.0f}")  # fmt: skip
+              f" {statistics.median(total):14.0f} {statistics.median(computed):9.0f} {statistics.median(copied):7.0f}")  # fmt: skip
 
 
 def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: Path, n: int = 32) -> None:
@@ -77,8 +79,8 @@ def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: 
             model = on_own_thread(lambda: prepare(path, device="cpu", dtype="float32", max_seq_len=512, quant="int4",
                                                   group_size=32, self_draft="none", kv_cache="auto").model)  # fmt: skip
             prompt = list(range(1000, 1040))
-            on_own_thread(run_plain, model, prompt[:8], 4, compiled=True)  # warm-up
-            ours = max(on_own_thread(run_plain, model, prompt, n, compiled=True)[1] for _ in range(2))
+            on_own_thread(lambda: run_plain(model, prompt[:8], 4, compiled=True))  # warm-up
+            ours = max(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1] for _ in range(2))
             kernels = kernels_used(model, bool(load().parley_features() & 1))
             del model
             lc = run_llama_cpp(path, prompt, n)

@@ -35,8 +35,8 @@ class Shape:
 SHAPES = {
     # Qwen2.5-0.5B-Instruct's config.json
     "qwen2.5-0.5b": Shape("qwen2", 896, 4864, 24, 14, 2, 151936, tied=True, bias=True),
-    # a 1.5B Llama: TinyLlama's width with a 4x MLP and 24 layers (every dimension a multiple of 256, as K-quants need)
-    "llama-1.5b": Shape("llama", 2048, 8192, 24, 32, 8, 32000, tied=False, bias=False),
+    # a 1.5B Llama: Llama-3.2-1B's config.json with an untied head (every dimension a multiple of 256, as K-quants need)
+    "llama-1.5b": Shape("llama", 2048, 8192, 16, 32, 8, 128256, tied=False, bias=False),
 }
 # bytes per block, weights per block, {byte offset of a float16 field: its value}
 _BLOCKS = {

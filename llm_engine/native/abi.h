@@ -15,6 +15,7 @@ struct PLinear {
     const float* mins;    // int4: [n, k / group]
     const float* bias;    // [n] or null
     const uint16_t* dm;   // int4: (scale, minimum) per group as float16 pairs [n, k / group, 2], or null
+    const float* dm32;    // int4 whose pairs float16 cannot hold (GGUF Q4_K): the same as float32 pairs, or null
 };
 
 struct PLayer {

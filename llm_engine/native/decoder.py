@@ -26,7 +26,7 @@ class PLinear(ctypes.Structure):
     _fields_ = [
         ("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
         ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-        ("dm", ctypes.c_void_p),
+        ("dm", ctypes.c_void_p), ("dm32", ctypes.c_void_p),
     ]
 
 
@@ -85,7 +85,9 @@ def kernels_used(model: Transformer, int8_dot: bool) -> str:
         if isinstance(layer, Int4WeightOnlyLinear):
             exact = torch.equal(torch.stack([layer.scales, layer.minimums], -1).half().float(),
                                 torch.stack([layer.scales, layer.minimums], -1))  # fmt: skip
-            kind = "int4 on the int8-input VNNI kernel" if int8_dot and exact else "int4 on the float kernel"
+            kind = "int4 on the float kernel"
+            if int8_dot:
+                kind = "int4 on the int8-input VNNI kernel" + ("" if exact else " (float32 scales)")
         else:
             kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
         counts[kind] = counts.get(kind, 0) + 1
@@ -105,8 +107,10 @@ def _ptr(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
 def describe_linear(layer: nn.Module, keep: list[torch.Tensor]) -> PLinear:
     if isinstance(layer, Int4WeightOnlyLinear):
         keep.append(layer.packed)
+        half = _half_pairs(layer, keep)
         return PLinear(2, layer.out_features, layer.in_features, layer.group_size, layer.packed.data_ptr(),
-                       _ptr(layer.scales, keep), _ptr(layer.minimums, keep), _ptr(layer.bias, keep), _half_pairs(layer, keep))
+                       _ptr(layer.scales, keep), _ptr(layer.minimums, keep), _ptr(layer.bias, keep), half,
+                       None if half is not None else _ptr(torch.stack([layer.scales, layer.minimums], dim=-1), keep))
     if isinstance(layer, Int8WeightOnlyLinear):
         keep.append(layer.qweight)
         return PLinear(1, layer.out_features, layer.in_features, 0, layer.qweight.data_ptr(),
@@ -123,8 +127,8 @@ def describe_dense(weight: torch.Tensor, bias: torch.Tensor | None, keep: list[t
 
 def _half_pairs(layer: Int4WeightOnlyLinear, keep: list[torch.Tensor]) -> int | None:
     """(scale, minimum) per group as float16 pairs [N, G, 2] for the int8-input kernel, which reads them at
-    half the bytes; None (that layer takes the float kernel) unless float16 holds them exactly, as it does
-    for GGUF Q4_1 blocks and for Int4WeightOnlyLinear.from_float."""
+    half the bytes; None (the kernel reads float32 pairs) unless float16 holds them exactly, as it does
+    for GGUF Q4_0/Q4_1 blocks and for Int4WeightOnlyLinear.from_float (not for Q4_K's d * sc)."""
     pairs = torch.stack([layer.scales, layer.minimums], dim=-1)
     half = pairs.to(torch.float16).contiguous()
     if not torch.equal(half.float(), pairs):

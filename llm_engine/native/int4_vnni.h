@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "vec16.h"
 
@@ -61,9 +62,18 @@ inline void prepare(int rows, int k, const float* x, int8_t* hi, int8_t* lo, flo
 }
 
 // Output row j for R prepared inputs: sum over blocks of d * dx * (codes . x) + m * sum(x).
-// dm: the row's (scale, minimum) per group as float16 pairs. A independent accumulators per input.
-template <int R, int A>
-void rows(const uint8_t* wq, const uint16_t* dm, int k, int group, const int8_t* hi, const int8_t* lo, const float* dx,
+// dm: the row's (scale, minimum) per group as pairs of DM: uint16_t (float16 bits) or float (for scales float16
+// cannot hold, as Q4_K's d * sc, at 4 more bytes per 32 weights). A independent accumulators per input.
+template <typename DM>
+inline float dm_value(DM v) {
+    if constexpr (std::is_same_v<DM, float>)
+        return v;
+    else
+        return _cvtsh_ss(v);
+}
+
+template <int R, int A, typename DM>
+void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, const int8_t* lo, const float* dx,
           const float* xs, float* out) {
     const int pairs = k / 64;
     const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -75,7 +85,7 @@ void rows(const uint8_t* wq, const uint16_t* dm, int k, int group, const int8_t*
     auto pair = [&](int p, int a, __m512 dw, __m512 mw) {
         if (p % 2 == 0) {  // one cache line of codes per two pairs, of scales per eight
             vec16::prefetch((const char*)(wq + (size_t)p * 32));
-            if (p % 8 == 0) vec16::prefetch((const char*)(dm + (size_t)p * 4));
+            if (p % (sizeof(DM) == 2 ? 8 : 4) == 0) vec16::prefetch((const char*)(dm + (size_t)p * 4));
         }
         const __m256i bytes = _mm256_loadu_si256((const __m256i*)(wq + (size_t)p * 32));
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bytes, mask)),
@@ -91,7 +101,11 @@ void rows(const uint8_t* wq, const uint16_t* dm, int k, int group, const int8_t*
     };
     if (group == 32) {  // each block of the pair has its own scale and minimum
         auto both = [&](int p, int a) {
-            const __m512 dm4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(dm + (size_t)p * 4))));
+            __m512 dm4;
+            if constexpr (std::is_same_v<DM, float>)
+                dm4 = _mm512_castps128_ps512(_mm_loadu_ps(dm + (size_t)p * 4));
+            else
+                dm4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(dm + (size_t)p * 4))));
             pair(p, a, _mm512_permutexvar_ps(spread_d, dm4), _mm512_permutexvar_ps(spread_m, dm4));
         };
         int p = 0;
@@ -103,7 +117,7 @@ void rows(const uint8_t* wq, const uint16_t* dm, int k, int group, const int8_t*
     } else {  // whole pairs per group: one scale and minimum for both blocks
         const int per_group = group / 64, groups = k / group;
         for (int g = 0; g < groups; ++g) {
-            const __m512 dw = _mm512_set1_ps(_cvtsh_ss(dm[2 * g])), mw = _mm512_set1_ps(_cvtsh_ss(dm[2 * g + 1]));
+            const __m512 dw = _mm512_set1_ps(dm_value(dm[2 * g])), mw = _mm512_set1_ps(dm_value(dm[2 * g + 1]));
             for (int s = 0; s < per_group; ++s) pair(g * per_group + s, 0, dw, mw);
         }
     }

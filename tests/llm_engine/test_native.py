@@ -18,7 +18,7 @@ from llm_engine.fuse import fuse_projections
 from llm_engine.kv_cache import StaticKVCache
 from llm_engine.model import Transformer
 from llm_engine.native import build
-from llm_engine.native.decoder import NativeDecoder, native_decoder, unsupported
+from llm_engine.native.decoder import NativeDecoder, kernels_used, native_decoder, unsupported
 from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, quantize_model
 
 SEQ = 64
@@ -177,16 +177,20 @@ def test_models_it_cannot_run_say_why() -> None:
     assert decoder is not None and line.startswith("compiled")
 
 
-def test_scales_float16_cannot_hold_take_the_float_kernel() -> None:
-    """An int4 layer whose scales are not float16 values is still exact, on the float kernel."""
+def test_scales_float16_cannot_hold_are_read_as_float32() -> None:
+    """An int4 layer whose scales are not float16 values (GGUF Q4_K's d * sc) keeps them exact: the kernel reads
+    float32 pairs, and the decode path line says so."""
     model = tiny("int4")
     layer = model.layers[0].mlp.down_proj
     assert isinstance(layer, Int4WeightOnlyLinear)
     layer.scales.mul_(1 + 2**-20)  # no longer a float16 value
     ref_cache, cache = cache_for(model), cache_for(model)
     prefill(model, [ref_cache, cache], 0, [4, 8, 15])
-    got = NativeDecoder(model, cache).decode([16], [3], [0])
+    decoder = NativeDecoder(model, cache)
+    got = decoder.decode([16], [3], [0])
     assert relative_error(got, reference_step(model, ref_cache, [16], [3], [0])) < 2e-3
+    if decoder.int8_dot:
+        assert "(float32 scales)" in kernels_used(model, True)
 
 
 def test_from_float_int4_scales_are_float16_values() -> None:
