@@ -82,7 +82,9 @@ def read_quantized_linears(
     """-> {our module path ("layers.0.mlp.up_proj"): quantized layer} for every projection the scheme takes as is.
 
     int4 takes Q4_0, Q4_1 and Q4_K blocks as they are; int8 takes Q8_0 blocks (per-channel requantized). Other pairs are
-    left out, and quantize_model quantizes those layers from the float weights.
+    left out, and quantize_model quantizes those layers from the float weights. The output head ("lm_head": the
+    output tensor, or the embedding of a tied model) is taken as int4 when the file stores it in 4 bits: its
+    author chose that; otherwise quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
     """
     from gguf import GGMLQuantizationType, GGUFReader
 
@@ -91,7 +93,12 @@ def read_quantized_linears(
     reader = GGUFReader(str(gguf_path))
     cfg = read_config(reader, Path(gguf_path))
     out: dict[str, nn.Module] = {}
+    head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for t in reader.tensors:
+        if t.name == head and scheme == "int4" and t.tensor_type.name in _INT4_EXACT:
+            codes, d, m = _INT4_EXACT[t.tensor_type.name](t.data, int(t.shape[1]), int(t.shape[0]))
+            out["lm_head"] = Int4WeightOnlyLinear(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m),
+                                                  GGUF_GROUP, use_kernel=use_kernel)  # fmt: skip
         if not t.name.startswith("blk."):
             continue
         name = hf_name(t.name).removeprefix("model.")

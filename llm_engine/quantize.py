@@ -218,7 +218,8 @@ def quantize_model(
     replacements: dict[str, nn.Module] | None = None,
     head: bool = True,
 ) -> nn.Module:
-    """Swap the projection Linears of every block in place, and (head=True) the output head for an int8 one.
+    """Swap the projection Linears of every block in place, and (head=True) the output head for an int8 one
+    (or for replacements["lm_head"], a GGUF's own 4-bit head).
 
     The head is int8 per channel whatever the scheme, as llama.cpp's Q4_1 files keep it (Q8_0): it is the
     largest single matrix a decode step reads (vocab x hidden), and 4 bits there cost more accuracy than
@@ -240,7 +241,9 @@ def quantize_model(
             if child.bias is not None and new.bias is None:
                 new.bias = child.bias.detach().clone()  # GGUF keeps biases as separate float tensors
             setattr(module, child_name, new.to(child.weight.device))
-    if head:
+    if head and "lm_head" in replacements:
+        model.lm_head = replacements["lm_head"].to(model.embed_tokens.weight.device)  # type: ignore[assignment]
+    elif head:
         quantize_head(model, use_kernel=use_kernel)
     return model
 

@@ -121,8 +121,7 @@ def test_4bit_blocks_load_into_int4_layers_exactly(models, qtype: str) -> None:
     gguf, _ = models("llama3", qtype)
     floats, _ = load_model(gguf, max_seq_len=128)
     layers = read_quantized_linears(gguf, "int4", use_kernel=False)
-    per_layer = 7 * floats.cfg.num_layers
-    assert len(layers) == per_layer
+    assert len(layers) == 7 * floats.cfg.num_layers + 1  # every projection, and the head the file stores in 4 bits
     state = floats.state_dict()
     for path, layer in layers.items():
         assert torch.equal(layer.dequantize(), state[f"{path}.weight"]), path
