@@ -46,7 +46,7 @@ def concat_rows(layers: Sequence[nn.Module]) -> nn.Module:
     if isinstance(first, Int4WeightOnlyLinear):
         if len({x.group_size for x in layers}) != 1:
             raise ValueError("int4 layers with different group sizes cannot be fused")
-        return Int4WeightOnlyLinear(
+        fused4 = Int4WeightOnlyLinear(
             torch.cat([x.codes() for x in layers]),
             torch.cat([x.scales for x in layers]),
             torch.cat([x.minimums for x in layers]),
@@ -54,6 +54,9 @@ def concat_rows(layers: Sequence[nn.Module]) -> nn.Module:
             bias,
             use_kernel=first.use_kernel,
         )
+        if all(x.kblocks is not None for x in layers):  # all Q4_K: keep their compact factors
+            fused4.kblocks = torch.cat([x.kblocks for x in layers])
+        return fused4
     raise ValueError(f"cannot fuse {type(first).__name__}")
 
 

@@ -49,6 +49,17 @@ def unpack_q4_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
 
 def unpack_q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """raw [rows, cols/256*144] uint8 -> codes [rows, cols] uint8, scales and minimums [rows, cols/32] f32."""
+    codes, scales, minimums, _ = _q4_k(raw, rows, cols)
+    return codes, scales, minimums
+
+
+def q4_k_records(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """-> [rows, cols/256, 24] uint8: per super-block the 6-bit (scale, min) multipliers interleaved, then d and
+    -dmin as float32 (the compiled step's KBlock)."""
+    return _q4_k(raw, rows, cols)[3]
+
+
+def _q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     nb = cols // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw).reshape(rows, nb, Q4_K_BLOCK_BYTES)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)[..., None]  # [rows, nb, 1]
@@ -62,7 +73,9 @@ def unpack_q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
     codes = np.stack([qs & 0xF, qs >> 4], axis=3).reshape(rows, cols)  # [rows, nb, 4, 2, 32] in weight order
     scales = (d * sc.astype(np.float32)).reshape(rows, nb * 8)
     minimums = -(dmin * mn.astype(np.float32)).reshape(rows, nb * 8)
-    return codes.astype(np.uint8), scales, minimums
+    factors = np.concatenate([np.stack([sc, mn], axis=-1).reshape(rows, nb, 16).astype(np.uint8),
+                              d.astype(np.float32).view(np.uint8), (-dmin).astype(np.float32).view(np.uint8)], axis=-1)  # fmt: skip
+    return codes.astype(np.uint8), scales, minimums, factors
 
 
 _INT4_EXACT = {"Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q4_K": unpack_q4_k}
@@ -99,6 +112,8 @@ def read_quantized_linears(
             codes, d, m = _INT4_EXACT[t.tensor_type.name](t.data, int(t.shape[1]), int(t.shape[0]))
             out["lm_head"] = Int4WeightOnlyLinear(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m),
                                                   GGUF_GROUP, use_kernel=use_kernel)  # fmt: skip
+            if t.tensor_type.name == "Q4_K":
+                out["lm_head"].kblocks = torch.from_numpy(q4_k_records(t.data, int(t.shape[1]), int(t.shape[0])))
         if not t.name.startswith("blk."):
             continue
         name = hf_name(t.name).removeprefix("model.")
@@ -115,6 +130,8 @@ def read_quantized_linears(
                 torch.from_numpy(fix(codes).copy()), torch.from_numpy(fix(d).copy()), torch.from_numpy(fix(m).copy()),
                 GGUF_GROUP, use_kernel=use_kernel,
             )
+            if t.tensor_type.name == "Q4_K":
+                out[path].kblocks = torch.from_numpy(fix(q4_k_records(t.data, rows, cols)).copy())
         elif scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:
             q, d = unpack_q8_0(t.data, rows, cols)
             w = torch.from_numpy(fix(q).astype(np.float32) * np.repeat(fix(d), GGUF_GROUP, axis=1))

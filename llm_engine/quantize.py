@@ -133,6 +133,9 @@ class Int4WeightOnlyLinear(nn.Module):
         self.register_buffer("scales", scales.float().contiguous())  # [N, G]
         self.register_buffer("minimums", minimums.float().contiguous())  # [N, G]
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # GGUF Q4_K's own factors, [N, K/256, 24] uint8 records (llm_engine/native/int4_vnni.h, KBlock): the
+        # compiled step reads them instead of the float32 pairs they produce (scales = d * sc, minimums = -dmin * m)
+        self.register_buffer("kblocks", None)
         self.use_kernel = use_kernel
         self._kernel: tuple[torch.device, torch.Tensor, torch.Tensor] | None = None  # device, weight, scales_and_zeros
 

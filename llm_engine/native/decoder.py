@@ -26,7 +26,7 @@ class PLinear(ctypes.Structure):
     _fields_ = [
         ("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
         ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-        ("dm", ctypes.c_void_p), ("dm32", ctypes.c_void_p),
+        ("dm", ctypes.c_void_p), ("dm32", ctypes.c_void_p), ("kblocks", ctypes.c_void_p),
     ]
 
 
@@ -87,7 +87,8 @@ def kernels_used(model: Transformer, int8_dot: bool) -> str:
                                 torch.stack([layer.scales, layer.minimums], -1))  # fmt: skip
             kind = "int4 on the float kernel"
             if int8_dot:
-                kind = "int4 on the int8-input VNNI kernel" + ("" if exact else " (float32 scales)")
+                scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if exact else "float32 scales"
+                kind = f"int4 on the int8-input VNNI kernel ({scales})"
         else:
             kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
         counts[kind] = counts.get(kind, 0) + 1
@@ -107,10 +108,14 @@ def _ptr(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
 def describe_linear(layer: nn.Module, keep: list[torch.Tensor]) -> PLinear:
     if isinstance(layer, Int4WeightOnlyLinear):
         keep.append(layer.packed)
-        half = _half_pairs(layer, keep)
+        kblocks = layer.kblocks if _kblocks_exact(layer) else None
+        half = None if kblocks is not None else _half_pairs(layer, keep)
+        wide = None if kblocks is not None or half is not None else _ptr(torch.stack([layer.scales, layer.minimums], -1), keep)
+        if kblocks is not None:
+            keep.append(kblocks)
         return PLinear(2, layer.out_features, layer.in_features, layer.group_size, layer.packed.data_ptr(),
-                       _ptr(layer.scales, keep), _ptr(layer.minimums, keep), _ptr(layer.bias, keep), half,
-                       None if half is not None else _ptr(torch.stack([layer.scales, layer.minimums], dim=-1), keep))
+                       _ptr(layer.scales, keep), _ptr(layer.minimums, keep), _ptr(layer.bias, keep), half, wide,
+                       None if kblocks is None else kblocks.data_ptr())  # fmt: skip
     if isinstance(layer, Int8WeightOnlyLinear):
         keep.append(layer.qweight)
         return PLinear(1, layer.out_features, layer.in_features, 0, layer.qweight.data_ptr(),
@@ -123,6 +128,19 @@ def describe_dense(weight: torch.Tensor, bias: torch.Tensor | None, keep: list[t
     """A float32 layer: an nn.Linear's weight, or the tied embedding read as the head."""
     n, k = weight.shape
     return PLinear(0, n, k, 0, _ptr(weight, keep), None, None, _ptr(bias, keep))
+
+
+def _kblocks_exact(layer: Int4WeightOnlyLinear) -> bool:
+    """Whether the layer carries Q4_K factors that give exactly its float32 (scale, minimum) pairs."""
+    kb = layer.kblocks
+    if kb is None or layer.group_size != 32 or layer.in_features % 256:
+        return False
+    if kb.dtype != torch.uint8 or tuple(kb.shape) != (layer.out_features, layer.in_features // 256, 24) or not kb.is_contiguous():
+        return False
+    sm = kb[..., :16].float().view(layer.out_features, -1, 8, 2)  # [N, nb, 8 groups, (sc, m)]
+    dn = kb[..., 16:].contiguous().view(torch.float32).view(layer.out_features, -1, 1, 2)  # [N, nb, 1, (d, -dmin)]
+    pairs = (sm * dn).view(layer.out_features, -1, 2)
+    return torch.equal(pairs[..., 0], layer.scales) and torch.equal(pairs[..., 1], layer.minimums)
 
 
 def _half_pairs(layer: Int4WeightOnlyLinear, keep: list[torch.Tensor]) -> int | None:

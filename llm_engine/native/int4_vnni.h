@@ -18,11 +18,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "vec16.h"
 
 namespace int4_vnni {
+
+// A GGUF Q4_K super-block's factors, 24 bytes per 256 weights (llama.cpp reads 16 for them): the (scale,
+// minimum) of group g is (d * sm[2g], nmin * sm[2g + 1]) in float32, exactly what the layer's float32 pairs hold.
+struct KBlock {
+    uint8_t sm[16];  // 6-bit scale and minimum multipliers per group of 32, interleaved
+    float d, nmin;   // the super-block's scale and its negated minimum scale (-dmin)
+};
+static_assert(sizeof(KBlock) == 24, "KBlock is 24 bytes");
 
 // Layers this path takes: whole pairs of blocks, and a group that is one block or whole pairs.
 inline bool fits(int k, int group) { return k % 64 == 0 && (group == 32 || group % 64 == 0); }
@@ -85,7 +94,11 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
     auto pair = [&](int p, int a, __m512 dw, __m512 mw) {
         if (p % 2 == 0) {  // one cache line of codes per two pairs, of scales per eight
             vec16::prefetch((const char*)(wq + (size_t)p * 32));
-            if (p % (sizeof(DM) == 2 ? 8 : 4) == 0) vec16::prefetch((const char*)(dm + (size_t)p * 4));
+            if constexpr (std::is_same_v<DM, KBlock>) {
+                if (p % 8 == 0) vec16::prefetch((const char*)(dm + p / 4));
+            } else if (p % (sizeof(DM) == 2 ? 8 : 4) == 0) {
+                vec16::prefetch((const char*)(dm + (size_t)p * 4));
+            }
         }
         const __m256i bytes = _mm256_loadu_si256((const __m256i*)(wq + (size_t)p * 32));
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bytes, mask)),
@@ -102,7 +115,13 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
     if (group == 32) {  // each block of the pair has its own scale and minimum
         auto both = [&](int p, int a) {
             __m512 dm4;
-            if constexpr (std::is_same_v<DM, float>)
+            if constexpr (std::is_same_v<DM, KBlock>) {
+                const KBlock& b = dm[p / 4];  // pair p holds groups 2p and 2p + 1: four bytes of sm
+                int32_t four;
+                std::memcpy(&four, b.sm + (p % 4) * 4, 4);
+                const __m128 mult = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(four)));
+                dm4 = _mm512_castps128_ps512(_mm_mul_ps(mult, _mm_setr_ps(b.d, b.nmin, b.d, b.nmin)));
+            } else if constexpr (std::is_same_v<DM, float>)
                 dm4 = _mm512_castps128_ps512(_mm_loadu_ps(dm + (size_t)p * 4));
             else
                 dm4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(dm + (size_t)p * 4))));
@@ -114,7 +133,7 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
             for (int a = 0; a < A; ++a) both(p + a, a);
         }
         for (; p < pairs; ++p) both(p, 0);
-    } else {  // whole pairs per group: one scale and minimum for both blocks
+    } else if constexpr (!std::is_same_v<DM, KBlock>) {  // whole pairs per group: one scale and minimum for both blocks
         const int per_group = group / 64, groups = k / group;
         for (int g = 0; g < groups; ++g) {
             const __m512 dw = _mm512_set1_ps(dm_value(dm[2 * g])), mw = _mm512_set1_ps(dm_value(dm[2 * g + 1]));

@@ -167,7 +167,8 @@ enum class Int4Path { kFloat, kInt8Dot, kAnyGroup };
 
 inline Int4Path int4_path(const PLinear& L, const Input& p) {
 #ifdef PARLEY_INT4_VNNI
-    if (p.int8_dot && (L.dm || L.dm32) && int4_vnni::fits(L.k, L.group)) return Int4Path::kInt8Dot;
+    if (p.int8_dot && (L.dm || L.dm32 || (L.kblocks && L.group == 32 && L.k % 256 == 0)) && int4_vnni::fits(L.k, L.group))
+        return Int4Path::kInt8Dot;
 #endif
     return int4_fast(L) ? Int4Path::kFloat : Int4Path::kAnyGroup;
 }
@@ -198,7 +199,13 @@ void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int yst
                 const size_t dm_row = (size_t)(L.k / L.group) * 2;
                 const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k;
                 const uint8_t* w = (const uint8_t*)L.w;
-                if (L.dm)
+                if (L.kblocks) {
+                    const auto* kb = (const int4_vnni::KBlock*)L.kblocks;
+                    run([&](int j, float* out) {
+                        int4_vnni::rows<R, lanes<R>()>(w + (size_t)j * (L.k / 2), kb + (size_t)j * (L.k / 256), L.k, L.group, hi,
+                                                       lo, p.dx.data(), p.xs.data(), out);
+                    });
+                } else if (L.dm)
                     run([&](int j, float* out) {
                         int4_vnni::rows<R, lanes<R>()>(w + (size_t)j * (L.k / 2), L.dm + j * dm_row, L.k, L.group, hi, lo,
                                                        p.dx.data(), p.xs.data(), out);

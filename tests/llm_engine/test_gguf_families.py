@@ -200,3 +200,32 @@ def test_an_engine_on_a_q4_k_qwen3_answers_like_transformers(models) -> None:
     assert len(expected) >= 5
     assert len(answers["int4"]) >= 5
     assert "int4" in paths["int4"] and "int4" not in paths["none"], paths
+
+
+@torch.inference_mode()
+def test_the_compiled_step_reads_q4_k_factors_and_gets_what_float32_scales_give(models) -> None:
+    """Q4_K layers keep the file's compact factors (19 bytes per 32 weights where float32 pairs take 24): the
+    compiled step's logits are bit-identical to reading the float32 (scale, minimum) pairs they expand to."""
+    from llm_engine.native.decoder import NativeDecoder, kernels_used
+    from llm_engine.prepare import prepare
+    from llm_engine.quantize import Int4WeightOnlyLinear
+
+    gguf, _ = models("llama3", "Q4_K")
+    model = prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,
+                    self_draft="none", kv_cache="float32").model  # fmt: skip
+    int4 = [m for m in model.modules() if isinstance(m, Int4WeightOnlyLinear)]
+    assert int4 and all(m.kblocks is not None for m in int4)  # every projection, fused, and the head
+    c = model.cfg
+    caches = [StaticKVCache(c.num_layers, 1, c.num_kv_heads, 64, c.head_dim) for _ in range(2)]
+    first = NativeDecoder(model, caches[0])
+    if not first.int8_dot:
+        pytest.skip("no AVX-512 VNNI here: the float kernel reads the float32 pairs either way")
+    assert "Q4_K factors" in kernels_used(model, True)
+    tokens = [5, 900, 77, 3000, 12]
+    with_factors = [first.decode([t], [i], [0]) for i, t in enumerate(tokens)]
+    for m in int4:
+        m.kblocks = None
+    assert "float32 scales" in kernels_used(model, True)
+    second = NativeDecoder(model, caches[1])
+    for i, t in enumerate(tokens):
+        assert torch.equal(second.decode([t], [i], [0]), with_factors[i]), i
