@@ -78,23 +78,20 @@ def _linears(model: Transformer) -> list[nn.Module]:
 
 
 def kernels_used(model: Transformer, int8_dot: bool) -> str:
-    """What the step's matrix products actually run on, by layer count: "28 int4 layers on the int8-input VNNI
-    kernel, 1 float32 layer (the head)"."""
+    """What the step's matrix products actually run on, by matrix count: "int4 on the int8-input VNNI kernel with
+    float16 scales: 96 matrices; int8: 1 matrix"."""
     counts: dict[str, int] = {}
     for layer in _linears(model):
         if isinstance(layer, Int4WeightOnlyLinear):
-            exact = torch.equal(torch.stack([layer.scales, layer.minimums], -1).half().float(),
-                                torch.stack([layer.scales, layer.minimums], -1))  # fmt: skip
-            kind = "int4 on the float kernel"
-            if int8_dot:
-                scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if exact else "float32 scales"
-                kind = f"int4 on the int8-input VNNI kernel ({scales})"
+            pairs = torch.stack([layer.scales, layer.minimums], -1)
+            scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if torch.equal(pairs.half().float(), pairs) else "float32 scales"
+            kind = f"int4 on the int8-input VNNI kernel with {scales}" if int8_dot else "int4 on the float kernel"
         else:
             kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
         counts[kind] = counts.get(kind, 0) + 1
     if model.lm_head is None:
-        counts["float32 (tied head)"] = 1
-    return ", ".join(f"{n} {kind}" for kind, n in counts.items()) + " matrices"
+        counts["float32 (the tied head)"] = 1
+    return "; ".join(f"{kind}: {n} matri{'ces' if n > 1 else 'x'}" for kind, n in counts.items())
 
 
 def _ptr(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
