@@ -49,22 +49,24 @@ def default_cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("parley")) / "gguf"
 
 
-def cache_folder_for(gguf_path: Path, cache_root: Path | None = None) -> Path:
+def cache_folder_for(gguf_path: Path, cache_root: Path | None = None, *, weights: bool = True) -> Path:
     st = gguf_path.stat()
-    key = f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CONVERTER_VERSION}"
+    key = f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CONVERTER_VERSION}" + ("" if weights else "-meta")
     return (cache_root or default_cache_root()) / key
 
 
-def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True) -> Path:
-    """-> a folder with config.json, model.safetensors and tokenizer files; converts only the first time."""
+def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True, weights: bool = True) -> Path:
+    """-> a folder with config.json, model.safetensors and tokenizer files; converts only the first time.
+
+    weights=False: config and tokenizer only (a quantized load reads the weights from the GGUF itself)."""
     gguf_path = Path(gguf_path).resolve()
-    folder = cache_folder_for(gguf_path, cache_root)
+    folder = cache_folder_for(gguf_path, cache_root, weights=weights)
     if (folder / "done").exists():
         return folder
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    convert_gguf(gguf_path, tmp, progress=progress)
+    convert_gguf(gguf_path, tmp, progress=progress, weights=weights)
     (tmp / "done").write_text("ok\n")
     shutil.rmtree(folder, ignore_errors=True)
     # A rename is atomic: a half-written conversion is never mistaken for a finished one.
@@ -72,30 +74,36 @@ def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progr
     return folder
 
 
-def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True) -> None:
+def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: bool = True) -> None:
     from gguf import GGUFReader
-    from gguf.quants import dequantize
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     reader = GGUFReader(str(gguf_path))
     cfg = read_config(reader, gguf_path)
-    state: dict[str, torch.Tensor] = {}
-    bar = tqdm(reader.tensors, desc=f"converting {gguf_path.name} (once)", unit="tensor", disable=not progress)
-    for t in bar:
-        if t.name == ROPE_FREQS:
-            continue  # read into the config (rope scaling), not a weight
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [rows=out, cols=in]
-        w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
-        name = hf_name(t.name)
-        if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_qk(w, cfg.num_heads)
-        elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_qk(w, cfg.num_kv_heads)
-        state[name] = torch.from_numpy(np.array(w, copy=True))  # reader memory is read-only
-    save_file(state, str(out / "model.safetensors"))
+    if weights:
+        state: dict[str, torch.Tensor] = {}
+        bar = tqdm(reader.tensors, desc=f"converting {gguf_path.name} (once)", unit="tensor", disable=not progress)
+        for t in bar:
+            if t.name != ROPE_FREQS:  # read into the config (rope scaling), not a weight
+                state[hf_name(t.name)] = dequantized(t, cfg)
+        save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     save_tokenizer(gguf_path, out)
+
+
+def dequantized(t: Any, cfg: ModelConfig) -> torch.Tensor:
+    """A GGUF tensor as float32 in Hugging Face's layout ([out, in] rows, llama's Q/K rows un-permuted)."""
+    from gguf.quants import dequantize
+
+    w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [rows=out, cols=in]
+    w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
+    name = hf_name(t.name)
+    if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        w = unpermute_qk(w, cfg.num_heads)
+    elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        w = unpermute_qk(w, cfg.num_kv_heads)
+    return torch.from_numpy(np.array(w, copy=True))  # reader memory is read-only
 
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: its rope scaling, as one divisor per rotary frequency

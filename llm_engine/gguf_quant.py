@@ -12,12 +12,14 @@ It knows nothing about the engine.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from llm_engine.config import ModelConfig
 from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, Scheme
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
@@ -89,51 +91,58 @@ def unpack_q8_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
     return q, d
 
 
-def read_quantized_linears(
-    gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True
-) -> dict[str, nn.Module]:
-    """-> {our module path ("layers.0.mlp.up_proj"): quantized layer} for every projection the scheme takes as is.
+@dataclass
+class GgufWeights:
+    cfg: ModelConfig
+    floats: dict[str, torch.Tensor]  # Hugging Face name -> float32 tensor, for every tensor not in `layers`
+    layers: dict[str, nn.Module]  # our module path ("layers.0.mlp.up_proj", "lm_head") -> quantized layer as stored
+
+
+def read_quantized_linears(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True) -> dict[str, nn.Module]:
+    """-> {our module path: quantized layer} for every projection the scheme takes as stored (read_gguf's layers)."""
+    return read_gguf(gguf_path, scheme, use_kernel=use_kernel, floats=False).layers
+
+
+def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True, floats: bool = True) -> GgufWeights:
+    """One pass over a GGUF: the quantized layers the scheme takes as stored, and (floats) every other tensor
+    dequantized, so a quantized model is built without a float copy of its 4-bit projections.
 
     int4 takes Q4_0, Q4_1 and Q4_K blocks as they are; int8 takes Q8_0 blocks (per-channel requantized). Other pairs are
-    left out, and quantize_model quantizes those layers from the float weights. The output head ("lm_head": the
-    output tensor, or the embedding of a tied model) is taken as int4 when the file stores it in 4 bits: its
-    author chose that; otherwise quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
+    left to quantize_model, from the float weights. The output head ("lm_head": the output tensor, or the embedding
+    of a tied model) is taken as int4 when the file stores it in 4 bits: its author chose that; otherwise
+    quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
     """
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from llm_engine.gguf_loader import hf_name, read_config, unpermute_qk
+    from llm_engine.gguf_loader import ROPE_FREQS, dequantized, hf_name, read_config, unpermute_qk
 
     reader = GGUFReader(str(gguf_path))
     cfg = read_config(reader, Path(gguf_path))
-    out: dict[str, nn.Module] = {}
+    out = GgufWeights(cfg, {}, {})
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for t in reader.tensors:
-        if t.name == head and scheme == "int4" and t.tensor_type.name in _INT4_EXACT:
-            codes, d, m = _INT4_EXACT[t.tensor_type.name](t.data, int(t.shape[1]), int(t.shape[0]))
-            out["lm_head"] = Int4WeightOnlyLinear(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m),
-                                                  GGUF_GROUP, use_kernel=use_kernel)  # fmt: skip
-            if t.tensor_type.name == "Q4_K":
-                out["lm_head"].kblocks = torch.from_numpy(q4_k_records(t.data, int(t.shape[1]), int(t.shape[0])))
-        if not t.name.startswith("blk."):
-            continue
+        if t.name == ROPE_FREQS:
+            continue  # in the config
+        kind, rows, cols = t.tensor_type.name, int(t.shape[-1]), int(t.shape[0])  # GGUF lists dims innermost first
         name = hf_name(t.name).removeprefix("model.")
-        if not name.startswith("layers.") or not name.endswith("_proj.weight"):
-            continue
-        cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists dims innermost first
+        path = "lm_head" if t.name == head else name.removesuffix(".weight")
+        if path != "lm_head" and not (name.startswith("layers.") and name.endswith("_proj.weight")):
+            path = ""  # not a layer the scheme could take as stored
         heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
         # llama.cpp permuted Q/K rows; the permutation is over whole rows, so codes and scales follow it.
-        fix = (lambda a: unpermute_qk(a, heads)) if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")) else (lambda a: a)
-        path = name.removesuffix(".weight")
-        if scheme == "int4" and t.tensor_type.name in _INT4_EXACT:
-            codes, d, m = _INT4_EXACT[t.tensor_type.name](t.data, rows, cols)
-            out[path] = Int4WeightOnlyLinear(
-                torch.from_numpy(fix(codes).copy()), torch.from_numpy(fix(d).copy()), torch.from_numpy(fix(m).copy()),
-                GGUF_GROUP, use_kernel=use_kernel,
-            )
-            if t.tensor_type.name == "Q4_K":
-                out[path].kblocks = torch.from_numpy(fix(q4_k_records(t.data, rows, cols)).copy())
-        elif scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:
+        permuted = cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+        fix = (lambda a: unpermute_qk(a, heads)) if permuted else (lambda a: a)
+        if path and scheme == "int4" and kind in _INT4_EXACT:
+            codes, d, m = _INT4_EXACT[kind](t.data, rows, cols)
+            layer = Int4WeightOnlyLinear(torch.from_numpy(fix(codes).copy()), torch.from_numpy(fix(d).copy()),
+                                         torch.from_numpy(fix(m).copy()), GGUF_GROUP, use_kernel=use_kernel)  # fmt: skip
+            if kind == "Q4_K":
+                layer.kblocks = torch.from_numpy(fix(q4_k_records(t.data, rows, cols)).copy())
+            out.layers[path] = layer
+        elif path and path != "lm_head" and scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:
             q, d = unpack_q8_0(t.data, rows, cols)
             w = torch.from_numpy(fix(q).astype(np.float32) * np.repeat(fix(d), GGUF_GROUP, axis=1))
-            out[path] = Int8WeightOnlyLinear.from_float(w, use_kernel=use_kernel)
+            out.layers[path] = Int8WeightOnlyLinear.from_float(w, use_kernel=use_kernel)
+        if floats and (path not in out.layers or t.name == "token_embd.weight"):  # a tied head's embedding: both
+            out.floats[hf_name(t.name)] = dequantized(t, cfg)
     return out

@@ -50,15 +50,20 @@ def to_our_names(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def build_model(
-    cfg: ModelConfig, state: dict[str, torch.Tensor], *, max_seq_len: int, dtype: torch.dtype, device: str
+    cfg: ModelConfig, state: dict[str, torch.Tensor], *, max_seq_len: int, dtype: torch.dtype, device: str,
+    supplied: frozenset[str] = frozenset(),
 ) -> Transformer:
-    """Build on the meta device and adopt the loaded tensors, so weights are never allocated twice."""
+    """Build on the meta device and adopt the loaded tensors, so weights are never allocated twice.
+
+    supplied: parameters that stay on the meta device because a ready quantized layer will replace their
+    module (quantize_model's replacements)."""
     with torch.device("meta"):
         model = Transformer(cfg, max_seq_len)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if k not in supplied]
     if missing or unexpected:
         raise ValueError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     # The rope tables are non-persistent buffers still on meta: rebuild them for real, in float32.
@@ -70,6 +75,22 @@ def build_model(
 def load_hf_folder(folder: Path, *, max_seq_len: int, dtype: torch.dtype, device: str) -> Transformer:
     cfg = ModelConfig.from_json_file(folder / "config.json")
     return build_model(cfg, to_our_names(read_safetensors(folder)), max_seq_len=max_seq_len, dtype=dtype, device=device)
+
+
+def load_gguf_quantized(
+    path: Path, scheme: str, *, max_seq_len: int, dtype: str = "float32", device: str = "cpu"
+) -> tuple[Transformer, Path, dict[str, torch.nn.Module]]:
+    """A GGUF read once for a quantized model: -> (the model, with meta weights where a layer is taken as stored,
+    the folder with its config and tokenizer, those layers for quantize_model). No float copy of the file."""
+    from llm_engine.gguf_loader import prepare_gguf
+    from llm_engine.gguf_quant import read_gguf
+
+    folder = prepare_gguf(path, weights=False)
+    weights = read_gguf(path, scheme)  # type: ignore[arg-type]
+    state = {k.removeprefix("model."): v for k, v in weights.floats.items()}
+    supplied = frozenset(f"{p}.weight" for p in weights.layers)
+    model = build_model(weights.cfg, state, max_seq_len=max_seq_len, dtype=resolve_dtype(dtype), device=device, supplied=supplied)
+    return model, folder, weights.layers
 
 
 def load_model(path: str | Path, *, max_seq_len: int, dtype: str = "float32", device: str = "cpu") -> tuple[Transformer, Path]:

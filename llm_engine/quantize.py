@@ -235,6 +235,8 @@ def quantize_model(
     if scheme == "none":
         return model
     replacements = replacements or {}
+    # the model's device; a layer a replacement takes may still be on "meta" (loader.load_gguf_quantized)
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if child_name not in _LINEAR_NAMES or not isinstance(child, nn.Linear):
@@ -243,9 +245,9 @@ def quantize_model(
             new = replacements.get(full) or quantize_linear(child, scheme, group_size=group_size, use_kernel=use_kernel)
             if child.bias is not None and new.bias is None:
                 new.bias = child.bias.detach().clone()  # GGUF keeps biases as separate float tensors
-            setattr(module, child_name, new.to(child.weight.device))
+            setattr(module, child_name, new.to(device))
     if head and "lm_head" in replacements:
-        model.lm_head = replacements["lm_head"].to(model.embed_tokens.weight.device)  # type: ignore[assignment]
+        model.lm_head = replacements["lm_head"].to(device)  # type: ignore[assignment]
     elif head:
         quantize_head(model, use_kernel=use_kernel)
     return model

@@ -215,6 +215,8 @@ def test_the_compiled_step_reads_q4_k_factors_and_gets_what_float32_scales_give(
                     self_draft="none", kv_cache="float32").model  # fmt: skip
     int4 = [m for m in model.modules() if isinstance(m, Int4WeightOnlyLinear)]
     assert int4 and all(m.kblocks is not None for m in int4)  # every projection, fused, and the head
+    # read in one pass of the file: no float32 copy of the model was written for this load
+    assert not (prepare_gguf(gguf, weights=False) / "model.safetensors").exists()
     c = model.cfg
     caches = [StaticKVCache(c.num_layers, 1, c.num_kv_heads, 64, c.head_dim) for _ in range(2)]
     first = NativeDecoder(model, caches[0])
