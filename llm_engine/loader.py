@@ -81,12 +81,23 @@ def load_gguf_quantized(
     path: Path, scheme: str, *, max_seq_len: int, dtype: str = "float32", device: str = "cpu"
 ) -> tuple[Transformer, Path, dict[str, torch.nn.Module]]:
     """A GGUF read once for a quantized model: -> (the model, with meta weights where a layer is taken as stored,
-    the folder with its config and tokenizer, those layers for quantize_model). No float copy of the file."""
+    the folder with its config and tokenizer, those layers for quantize_model). No float copy of what the
+    layers hold: the other tensors (embedding, norms, layers the scheme requantizes) are dequantized on the
+    first load and kept beside the config, so later loads only unpack the blocks."""
+    from safetensors.torch import load_file, save_file
+
     from llm_engine.gguf_loader import prepare_gguf
     from llm_engine.gguf_quant import read_gguf
 
     folder = prepare_gguf(path, weights=False)
-    weights = read_gguf(path, scheme)  # type: ignore[arg-type]
+    rest = folder / f"rest-{scheme}.safetensors"
+    weights = read_gguf(path, scheme, floats=not rest.exists())  # type: ignore[arg-type]
+    if rest.exists():
+        weights.floats = load_file(str(rest))
+    else:
+        tmp = rest.with_suffix(".tmp")
+        save_file(weights.floats, str(tmp))
+        tmp.rename(rest)  # atomic: a half-written file is never read
     state = {k.removeprefix("model."): v for k, v in weights.floats.items()}
     supplied = frozenset(f"{p}.weight" for p in weights.layers)
     model = build_model(weights.cfg, state, max_seq_len=max_seq_len, dtype=resolve_dtype(dtype), device=device, supplied=supplied)

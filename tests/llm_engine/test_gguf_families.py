@@ -211,12 +211,16 @@ def test_the_compiled_step_reads_q4_k_factors_and_gets_what_float32_scales_give(
     from llm_engine.quantize import Int4WeightOnlyLinear
 
     gguf, _ = models("llama3", "Q4_K")
-    model = prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,
-                    self_draft="none", kv_cache="float32").model  # fmt: skip
+    load = lambda: prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,  # noqa: E731
+                           self_draft="none", kv_cache="float32").model  # fmt: skip
+    first, model = load(), load()  # the second reads the dequantized rest (embedding, norms) from the cache
+    assert first.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), model.state_dict().values()))
     int4 = [m for m in model.modules() if isinstance(m, Int4WeightOnlyLinear)]
     assert int4 and all(m.kblocks is not None for m in int4)  # every projection, fused, and the head
-    # read in one pass of the file: no float32 copy of the model was written for this load
-    assert not (prepare_gguf(gguf, weights=False) / "model.safetensors").exists()
+    # read in one pass of the file: no float32 copy of the 4-bit projections was written for this load
+    meta = prepare_gguf(gguf, weights=False)
+    assert not (meta / "model.safetensors").exists() and (meta / "rest-int4.safetensors").exists()
     c = model.cfg
     caches = [StaticKVCache(c.num_layers, 1, c.num_kv_heads, 64, c.head_dim) for _ in range(2)]
     first = NativeDecoder(model, caches[0])
