@@ -55,13 +55,9 @@ def unpack_q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
     return codes, scales, minimums
 
 
-def q4_k_records(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """-> [rows, cols/256, 24] uint8: per super-block the 6-bit (scale, min) multipliers interleaved, then d and
-    -dmin as float32 (the compiled step's KBlock)."""
-    return _q4_k(raw, rows, cols)[3]
-
-
 def _q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """unpack_q4_k's three, and the compact factors [rows, cols/256, 24] uint8: per super-block the 6-bit (scale,
+    min) multipliers interleaved, then d and -dmin as float32 (the compiled step's KBlock)."""
     nb = cols // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw).reshape(rows, nb, Q4_K_BLOCK_BYTES)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)[..., None]  # [rows, nb, 1]
@@ -133,11 +129,15 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
         permuted = cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
         fix = (lambda a: unpermute_qk(a, heads)) if permuted else (lambda a: a)
         if path and scheme == "int4" and kind in _INT4_EXACT:
-            codes, d, m = _INT4_EXACT[kind](t.data, rows, cols)
+            records = None
+            if kind == "Q4_K":  # one unpack gives both the pairs and the compact factors
+                codes, d, m, records = _q4_k(t.data, rows, cols)
+            else:
+                codes, d, m = _INT4_EXACT[kind](t.data, rows, cols)
             layer = Int4WeightOnlyLinear(torch.from_numpy(fix(codes).copy()), torch.from_numpy(fix(d).copy()),
                                          torch.from_numpy(fix(m).copy()), GGUF_GROUP, use_kernel=use_kernel)  # fmt: skip
-            if kind == "Q4_K":
-                layer.kblocks = torch.from_numpy(fix(q4_k_records(t.data, rows, cols)).copy())
+            if records is not None:
+                layer.kblocks = torch.from_numpy(fix(records).copy())
             out.layers[path] = layer
         elif path and path != "lm_head" and scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:
             q, d = unpack_q8_0(t.data, rows, cols)
