@@ -137,6 +137,6 @@ class LlmBridge:
     def active_slots(self) -> int:
         return int(self.engine.active_slots())
 
-    def prefix_cache(self) -> tuple[int, int]:
+    def prefix_cache_counts(self) -> tuple[int, int]:
         """(requests that copied a prompt prefix from another session's slot, tokens those copies saved)."""
         return int(getattr(self.engine, "prefix_hits", 0)), int(getattr(self.engine, "prefix_tokens", 0))
