@@ -1,0 +1,133 @@
+"""The scheduler's async shell over real worker threads: order, skipped partials, cancellation, errors, waits.
+Jobs are gated by events, never by sleeps; the clock is a fake one the test moves."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from voice.scheduler import DirectRunner, Skipped, StageScheduler
+from voice.stage_queue import Policy, Priority
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _until(predicate, what: str) -> None:
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_jobs_run_by_priority_and_report_their_wait() -> None:
+    clock = Clock()
+    sched = StageScheduler(Policy(workers=1, partial_workers=1), clock=clock)
+    gate, ran = threading.Event(), []
+    try:
+        blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
+        await _until(lambda: sched.stats.running == 1, "the blocker to run")
+        partial = asyncio.ensure_future(sched.run("asr", Priority.PARTIAL, "a", ran.append, "partial"))
+        phrase = asyncio.ensure_future(sched.run("tts", Priority.NEXT, "b", ran.append, "phrase"))
+        final = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "c", ran.append, "final"))
+        await _until(lambda: sum(sched.stats.depth.values()) == 3 or len(ran) > 0, "three queued jobs")
+        clock.t = 0.25  # 250 ms pass on the scheduler's clock while they queue
+        gate.set()
+        await asyncio.gather(blocker, partial, phrase, final)
+        assert ran == ["final", "phrase", "partial"]
+        assert final.result().wait_ms == pytest.approx(250.0)
+        assert sched.stats.count[("asr", "waited")] == 2 and sched.stats.count[("asr", "partial")] == 1
+    finally:
+        gate.set()
+        sched.close()
+
+
+async def test_a_stale_partial_is_skipped_and_a_replaced_one_too() -> None:
+    clock = Clock()
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, partial_max_wait_ms=500), clock=clock)
+    gate = threading.Event()
+    try:
+        blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
+        await _until(lambda: sched.stats.running == 1, "the blocker to run")
+        first = asyncio.ensure_future(sched.run("asr", Priority.PARTIAL, "a", lambda: "first"))
+        await _until(lambda: sched.stats.depth.get("partial") == 1, "a queued partial")
+        second = asyncio.ensure_future(sched.run("asr", Priority.PARTIAL, "a", lambda: "second"))
+        with pytest.raises(Skipped):
+            await first  # replaced by its session's newer partial
+        clock.t = 0.6
+        gate.set()
+        await blocker
+        with pytest.raises(Skipped):
+            await second  # queued 600 ms > 500 ms: stale
+        assert sched.stats.skipped == {("asr", "replaced"): 1, ("asr", "stale"): 1}
+    finally:
+        gate.set()
+        sched.close()
+
+
+async def test_cancelling_a_queued_job_takes_it_out_and_errors_reach_the_caller() -> None:
+    sched = StageScheduler(Policy(workers=1, partial_workers=1))
+    gate, ran = threading.Event(), []
+    try:
+        blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
+        await _until(lambda: sched.stats.running == 1, "the blocker to run")
+        queued = asyncio.ensure_future(sched.run("tts", Priority.WAITED, "a", ran.append, "cancelled"))
+        await _until(lambda: sched.stats.depth.get("waited") == 1, "a queued job")
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+        def boom() -> None:
+            raise ValueError("bad audio")
+
+        failing = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "b", boom))
+        gate.set()
+        await blocker
+        with pytest.raises(ValueError, match="bad audio"):
+            await failing
+        assert ran == []
+        assert (await sched.run("asr", Priority.WAITED, "c", lambda: 7)).value == 7  # the worker lives on
+    finally:
+        gate.set()
+        sched.close()
+
+
+async def test_closed_scheduler_refuses_and_direct_runner_runs_at_once() -> None:
+    sched = StageScheduler(Policy.for_workers(2))
+    sched.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await sched.run("asr", Priority.WAITED, "a", lambda: 1)
+    ran = await DirectRunner().run("asr", Priority.PARTIAL, "a", lambda x: x + 1, 1)
+    assert (ran.value, ran.wait_ms) == (2, 0.0)
+
+
+async def test_finals_queued_together_run_as_one_batch() -> None:
+    sched = StageScheduler(Policy(workers=1, partial_workers=1))
+    gate, batches = threading.Event(), []
+
+    def batch(audios: list[str]) -> list[str]:
+        batches.append(list(audios))
+        return [a.upper() for a in audios]
+
+    try:
+        blocker = asyncio.ensure_future(sched.run("tts", Priority.WAITED, "x", gate.wait))
+        await _until(lambda: sched.stats.running == 1, "the blocker to run")
+        finals = [asyncio.ensure_future(sched.run("asr", Priority.WAITED, k, str.upper, k, batch=batch)) for k in "abc"]
+        await _until(lambda: sched.stats.depth.get("waited") == 3, "three queued finals")
+        gate.set()
+        await blocker
+        assert [f.value for f in await asyncio.gather(*finals)] == ["A", "B", "C"]
+        assert batches == [["a", "b", "c"]]
+        assert sched.stats.batched["asr"] == 3
+        alone = await sched.run("asr", Priority.WAITED, "d", str.upper, "d", batch=batch)
+        assert alone.value == "D" and len(batches) == 1  # one job alone runs as itself
+    finally:
+        gate.set()
+        sched.close()
