@@ -19,7 +19,9 @@ import numpy as np
 from voice.asr import StreamingTranscriber, Transcriber
 from voice.audio import SAMPLE_RATE, Framer
 from voice.llm_bridge import LlmBridge, LlmFinish
+from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
+from voice.stage_queue import Priority
 from voice.trace import TurnTrace, now_ns
 from voice.vad import Vad
 
@@ -61,6 +63,7 @@ class Utterance:
     prefill_done_ns: int | None = None
     prefill_result: LlmFinish | None = None
     discarded_ahead: int = 0
+    queue_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms its jobs for this turn waited for a worker
 
     def feed(self, samples: np.ndarray) -> None:
         if self.paused:
@@ -145,7 +148,9 @@ class Listener:
         *,
         partial_interval_ms: int,
         min_speech_ms: float,
+        runner: StageRunner | None = None,
     ) -> None:
+        self.runner: StageRunner = runner or DirectRunner()
         self.session_id = session_id
         self.make_vad = make_vad
         self.transcriber = transcriber
@@ -207,7 +212,7 @@ class Listener:
     def open(self, turn_id: int, trace: TurnTrace, start_ms: float, continues: Utterance | None = None) -> Utterance:
         """A new turn from the audio kept before its speech qualified; `continues`: the ended turn whose request
         this speech goes on with, so its audio (and with it the final transcript) covers the whole request."""
-        stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms)
+        stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms, runner=self.runner, key=self.session_id)
         if continues is not None:
             stt.append(continues.stt.audio())
         for samples in self._preroll:
@@ -242,6 +247,7 @@ class Listener:
         try:
             transcript = await utt.stt.final()
             utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
+            utt.queue_ms["asr"] = transcript.queue_ms
         finally:
             utt.final_event.set()  # also when the decode failed: the finish decodes again
         if not utt.final_text:
@@ -257,13 +263,19 @@ class Listener:
         t0 = time.perf_counter()
         audio_task = None
         if audio and self.turn_model is not None:
-            audio_task = asyncio.ensure_future(asyncio.to_thread(self.turn_model.complete_prob, utt.audio()))
+            audio_task = asyncio.ensure_future(
+                self.runner.run("turn", Priority.WAITED, self.session_id, self.turn_model.complete_prob, utt.audio())
+            )
         text_prob = None
         try:
             if text:
                 await utt.ahead_done()
                 text_prob = utt.text_prob
-            audio_prob = await audio_task if audio_task is not None else None
+            audio_prob = None
+            if audio_task is not None:
+                ran = await audio_task
+                audio_prob = ran.value
+                utt.queue_ms["turn"] = round(utt.queue_ms.get("turn", 0.0) + ran.wait_ms, 3)
         finally:
             if audio_task is not None and not audio_task.done():
                 audio_task.cancel()
@@ -276,4 +288,5 @@ class Listener:
         if utt.final_ns is None:  # no work ahead (or it failed): recognise now
             transcript = await utt.stt.final()
             utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
+            utt.queue_ms["asr"] = transcript.queue_ms
         return utt.final_text

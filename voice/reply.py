@@ -17,6 +17,8 @@ import numpy as np
 from voice.audio import float_to_pcm16, resample
 from voice.chunker import PhraseChunker
 from voice.outbox import Outbox
+from voice.scheduler import StageRunner
+from voice.stage_queue import Priority
 from voice.trace import TurnTrace
 from voice.tts import Tts
 from voice.tts_stream import synthesize_async
@@ -96,6 +98,8 @@ class Reply:
     trace: TurnTrace | None
     tts_work: WorkCounter
     audio_lead_ms: float = 1000.0  # how far audio may run ahead of real-time playback (bounds what a clear drops)
+    runner: StageRunner | None = None  # the shared-stage scheduler the syntheses run on (None: a thread each)
+    key: str = ""  # the session, for the scheduler
     text: str = ""
     spans: list[PhraseSpan] = field(default_factory=list)
     queued_ms: float = 0.0  # reply audio handed to the outbox
@@ -167,13 +171,21 @@ class Reply:
         """The phrase's audio at the output rate, synthesized in a worker thread (voice.tts_stream)."""
         assert self.voice is not None
         tts = self.voice.tts
-        chunks = synthesize_async(tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work,
-                                  name=f"tts-turn{self.turn_id}")  # fmt: skip
+        first = len(self.spans) == 1
+        chunks = synthesize_async(
+            tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work, name=f"tts-turn{self.turn_id}",
+            runner=self.runner, priority=Priority.WAITED if first else Priority.NEXT, key=self.key,
+            on_wait=self._first_wait if first else lambda ms: None,
+        )  # fmt: skip
         async with aclosing(chunks):
             async for chunk in chunks:
                 if self.trace is not None:
                     self.trace.mark("tts_first_audio")
                 yield resample(chunk, tts.sample_rate, self.output_sample_rate)
+
+    def _first_wait(self, wait_ms: float) -> None:
+        if self.trace is not None:
+            self.trace.info.setdefault("queue_ms", {})["tts"] = round(wait_ms, 3)
 
     async def _send_audio(self, audio: np.ndarray) -> None:
         piece = max(1, int(self.output_sample_rate * AUDIO_PIECE_MS / 1000))

@@ -90,6 +90,7 @@ class Session:
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
+            runner=stages.runner,
         )  # fmt: skip
         self._reply: Reply | None = None  # the reply launched last
         self._reply_task: asyncio.Task[None] | None = None
@@ -396,6 +397,7 @@ class Session:
         """After the endpoint: the final transcript (from the pause when it ran there), then the reply."""
         text = await self.listener.final(utt)
         utt.trace.mark("asr_final", utt.final_ns)
+        utt.trace.info.setdefault("queue_ms", {}).update(utt.queue_ms)
         self.outbox.send("transcript.final", turn_id=utt.turn_id, text=text)
         actions = self.turns.heard(utt.turn_id, text)
         if actions and not self.auto_reply:  # heard, not answered: the history waits for respond()
@@ -493,7 +495,7 @@ class Session:
         binding = self.stages.voices[self.voice_name] if self.speak else None
         return Reply(
             turn_id, self.outbox, binding, self.persona.speaking_rate, self.settings.output_sample_rate,
-            trace, self.stages.tts_work, self.settings.audio_lead_ms,
+            trace, self.stages.tts_work, self.settings.audio_lead_ms, self.stages.runner, self.session_id,
         )  # fmt: skip
 
     def _launch(

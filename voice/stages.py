@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from voice.asr import Transcriber
 from voice.llm_bridge import LlmBridge
 from voice.reply import VoiceBinding, WorkCounter
+from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
 from voice.turntaking import TurnPolicy
 from voice.vad import Vad
@@ -49,3 +50,4 @@ class Stages:
     voices: Mapping[str, VoiceBinding]
     turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
     tts_work: WorkCounter = field(default_factory=WorkCounter)
+    runner: StageRunner = field(default_factory=DirectRunner)  # where recognition, synthesis and turn checks run

@@ -40,13 +40,20 @@ class PiperTts:
     """Piper VITS voice (ONNX). Piper renders a sentence at a time; each sentence is yielded in
     `chunk_ms` slices as soon as it is rendered, so first audio arrives after the first sentence.
     `rate` maps to Piper's length_scale = voice default / rate (the joe voice's default is 1.0).
-    `voice` is ignored: one PiperTts is one voice.
+    `voice` is ignored: one PiperTts is one voice. `threads`: onnxruntime's intra-op threads (0: its default,
+    every core).
     """
 
-    def __init__(self, model_path: str | Path, *, chunk_ms: int = 200, use_cuda: bool = False) -> None:
+    def __init__(self, model_path: str | Path, *, chunk_ms: int = 200, use_cuda: bool = False, threads: int = 0) -> None:
         from piper import PiperVoice  # lazy: loads onnxruntime and espeak-ng data
 
         self._voice: Any = PiperVoice.load(str(model_path), use_cuda=use_cuda)
+        if threads and not use_cuda:
+            import onnxruntime
+
+            opts = onnxruntime.SessionOptions()
+            opts.intra_op_num_threads = threads
+            self._voice.session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         self.sample_rate = int(self._voice.config.sample_rate)
         self._chunk_samples = self.sample_rate * chunk_ms // 1000
         self._base_length_scale = float(self._voice.config.length_scale)

@@ -20,7 +20,9 @@ from voice.stages import PersonaSpec, SessionSettings, Stages
 from web import runtime as rt
 from web.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics, stage_counters
+from web.admission import Admission
+from web.metrics import Metrics, scheduler_exposition, stage_counters
+from web.thread_budget import available_cores
 from web.realtime.endpoint import handle_realtime
 from web.ws import handle
 
@@ -46,6 +48,18 @@ class AppState:
     def stages(self) -> Stages:
         assert self.runtime is not None, "models are not loaded"
         return self.runtime.stages
+
+    def admission(self) -> Admission:
+        server = self.cfg.server
+        cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
+        return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms)
+
+    def refusal(self) -> str | None:
+        """Why the server takes no new session now (web.admission), or None."""
+        if len(self.sessions) >= self.cfg.server.max_sessions:
+            return f"the server already has {self.cfg.server.max_sessions} sessions"
+        runner = self.runtime.stages.runner if self.runtime is not None else None
+        return self.admission().refusal(len(self.sessions), runner.recent_wait_ms() if runner is not None else None)
 
 
 def _session_tasks() -> int:
@@ -114,6 +128,12 @@ def create_app(
             body["tts_active"] = state.runtime.stages.tts_work.active
             body["load_s"] = {k: round(v, 2) for k, v in state.runtime.load_s.items()}
             body["llm_decode"] = getattr(state.runtime.engine, "decode_path", None)  # which decode path, and why
+            refusal = state.refusal()
+            body["accepting"] = refusal is None
+            body["refusing"] = refusal  # why a new session gets server_full now, or null
+            body["capacity"] = state.admission().capacity or cfg.server.max_sessions
+            if state.runtime.threads is not None:
+                body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)
 
     @app.get("/api/personas")
@@ -136,11 +156,13 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         gauges: dict[str, float] = {}
         counters: dict[str, tuple[float, str]] = {}
+        queue = ""
         if state.runtime is not None:
             gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
-        return PlainTextResponse(state.metrics.render(gauges, counters), media_type="text/plain; version=0.0.4")
+            queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 
     if cfg.server.openai_api:
         from web.openai_api.app import mount

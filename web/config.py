@@ -152,6 +152,15 @@ class ServerConfig(_Strict):
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be in by then
     max_header_bytes: int = Field(65536, ge=4096)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: how long running replies may go on before the close
+    # recognition, synthesis and turn checks: "priority" runs them on a few shared workers, what a user waits for
+    # first (voice.scheduler); "direct" runs each on its own thread at once (the behaviour before, for comparison)
+    scheduling: Literal["priority", "direct"] = "priority"
+    stage_workers: int = Field(0, ge=0)  # shared-stage workers; 0: from the core count (web.thread_budget)
+    # admission (web.admission): conversations per core that hold their budgets, measured by bench/load.py (0: no
+    # such limit; max_sessions still applies), and the queue wait of finals and first phrases past which new
+    # sessions are refused until the machine catches up (0: never)
+    sessions_per_core: float = Field(4.0, ge=0)
+    admit_max_wait_ms: float = Field(400.0, ge=0)
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     openai_voices: dict[str, str] = Field(default_factory=dict)  # OpenAI voice name -> a configured voice
 

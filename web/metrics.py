@@ -131,3 +131,39 @@ class Metrics:
             head(name, "gauge", name.replace("_", " ") + ".")
             lines.append(f"{name} {value}")
         return "\n".join(lines) + "\n"
+
+
+def scheduler_exposition(stats: Any) -> str:
+    """The shared-stage scheduler's queue (voice.scheduler.WaitStats): waits by stage and priority, depth now,
+    partials skipped, finals batched. "" under `server.scheduling: direct` (nothing queues there)."""
+    if stats is None:
+        return ""
+    from voice.scheduler import WAIT_BUCKETS_MS
+
+    lines = [
+        "# HELP parley_stage_queue_wait_ms Time a recognition, synthesis or turn check waited for a shared worker.",
+        "# TYPE parley_stage_queue_wait_ms histogram",
+    ]
+    for (stage, priority), counts in sorted(stats.buckets.items()):
+        labels = f'stage="{stage}",priority="{priority}"'
+        cumulative = 0
+        for bound, n in zip(WAIT_BUCKETS_MS, counts):
+            cumulative += n
+            lines.append(f'parley_stage_queue_wait_ms_bucket{{{labels},le="{bound}"}} {cumulative}')
+        lines.append(f'parley_stage_queue_wait_ms_bucket{{{labels},le="+Inf"}} {stats.count[(stage, priority)]}')
+        lines.append(f"parley_stage_queue_wait_ms_sum{{{labels}}} {stats.wait_sum_ms[(stage, priority)]:.3f}")
+        lines.append(f"parley_stage_queue_wait_ms_count{{{labels}}} {stats.count[(stage, priority)]}")
+    lines += ["# HELP parley_stage_queue_depth Jobs waiting for a shared worker, by priority.", "# TYPE parley_stage_queue_depth gauge"]
+    for priority, n in sorted(stats.depth.items()):
+        lines.append(f'parley_stage_queue_depth{{priority="{priority}"}} {n}')
+    lines += ["# HELP parley_stage_jobs_running Jobs on the shared workers now.", "# TYPE parley_stage_jobs_running gauge",
+              f"parley_stage_jobs_running {stats.running}"]  # fmt: skip
+    lines += ["# HELP parley_stage_skipped_total Partial transcripts dropped because the machine was behind.",
+              "# TYPE parley_stage_skipped_total counter"]  # fmt: skip
+    for (stage, reason), n in sorted(stats.skipped.items()):
+        lines.append(f'parley_stage_skipped_total{{stage="{stage}",reason="{reason}"}} {n}')
+    lines += ["# HELP parley_stage_batched_total Jobs that ran in a batch of two or more (several sessions' finals).",
+              "# TYPE parley_stage_batched_total counter"]  # fmt: skip
+    for stage, n in sorted(stats.batched.items()):
+        lines.append(f'parley_stage_batched_total{{stage="{stage}"}} {n}')
+    return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ from voice.turntaking import TurnPolicy
 from voice.vad import Vad
 from web.config import AppConfig
 from web.locate import resolve
+from web.thread_budget import ThreadBudget, available_cores
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +28,15 @@ class Runtime:
     stages: Stages
     engine: Any  # llm_engine Engine (or a fake with its shape); stopped by close(); None when the LLM is remote
     load_s: dict[str, float] = field(default_factory=dict)
+    threads: ThreadBudget | None = None
 
     def close(self) -> None:
         stop = getattr(self.engine, "stop", None)
         if stop is not None:
             stop()
+        close = getattr(self.stages.runner, "close", None)
+        if close is not None:
+            close()
 
 
 def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
@@ -94,7 +99,7 @@ def remote_spec(remote: Any) -> Any:
     return RemoteSpec(remote.base_url, remote.model, remote.api_key_env, remote.timeout_s)
 
 
-def _voices(cfg: AppConfig, out_rate: int) -> dict[str, VoiceBinding]:
+def _voices(cfg: AppConfig, out_rate: int, threads: int = 0) -> dict[str, VoiceBinding]:
     """One Tts object per backend (and per Piper model file or speech server), shared by the voices that name it."""
     from voice.tts import CommandTts, CoquiTts, PiperTts
 
@@ -108,7 +113,7 @@ def _voices(cfg: AppConfig, out_rate: int) -> dict[str, VoiceBinding]:
 
                 backends[key] = RemoteTts(remote_spec(v.remote))
             elif v.backend == "piper":
-                backends[key] = PiperTts(resolve("tts", v.source, allow_downloads=cfg.models.allow_downloads))
+                backends[key] = PiperTts(resolve("tts", v.source, allow_downloads=cfg.models.allow_downloads), threads=threads)
             elif v.backend == "coqui":
                 backends[key] = CoquiTts(v.source, device="cpu")
             else:
@@ -125,6 +130,7 @@ def load(cfg: AppConfig) -> Runtime:
 
     times: dict[str, float] = {}
     allow = cfg.models.allow_downloads
+    budget = ThreadBudget.for_cores(available_cores(), cfg.server.stage_workers)
 
     t0 = time.perf_counter()
     make_vad = _vad_factory(cfg)
@@ -141,7 +147,7 @@ def load(cfg: AppConfig) -> Runtime:
     else:
         transcriber = WhisperTranscriber(
             str(resolve("asr", a.source, allow_downloads=allow)), device=a.device, compute_type=a.compute_type,
-            beam_size=a.beam_size, fitted_window=a.window == "fit",
+            beam_size=a.beam_size, fitted_window=a.window == "fit", cpu_threads=budget.asr,
         )  # fmt: skip
     times["asr"] = time.perf_counter() - t0
 
@@ -172,7 +178,7 @@ def load(cfg: AppConfig) -> Runtime:
     times["llm"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    voices = _voices(cfg, output_sample_rate(cfg))
+    voices = _voices(cfg, output_sample_rate(cfg), budget.tts)
     times["tts"] = time.perf_counter() - t0
 
     turn_model = None
@@ -183,8 +189,21 @@ def load(cfg: AppConfig) -> Runtime:
         turn_model = SmartTurn(resolve("turn", cfg.models.turn.source, allow_downloads=allow))
         times["turn"] = time.perf_counter() - t0
 
-    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model)
-    return Runtime(stages=stages, engine=engine, load_s=times)
+    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model,
+                    runner=stage_runner(cfg, budget))  # fmt: skip
+    log.info("threads on %d cores: engine %d, %d stage workers (%s), recognition %d and speech %d a job",
+             budget.cores, budget.engine, budget.stage_workers, cfg.server.scheduling, budget.asr, budget.tts)
+    return Runtime(stages=stages, engine=engine, load_s=times, threads=budget)
+
+
+def stage_runner(cfg: AppConfig, budget: ThreadBudget) -> Any:
+    """Where recognition, synthesis and turn checks run: the shared scheduler, or each on a thread at once."""
+    from voice.scheduler import DirectRunner, StageScheduler
+    from voice.stage_queue import Policy
+
+    if cfg.server.scheduling == "direct":
+        return DirectRunner()
+    return StageScheduler(Policy.for_workers(budget.stage_workers), name="parley-stage")
 
 
 def warm(runtime: Runtime) -> None:

@@ -41,8 +41,8 @@ async def handle(ws: WebSocket, state: "AppState") -> None:
         refusal = ("forbidden_origin", f"origin {P.clip(origin)} is not allowed", P.CLOSE_POLICY)
     elif server.token and not token_ok(given_token(ws.query_params, ws.headers, ws.cookies), server.token):
         refusal = ("unauthorized", "missing or wrong token (use ?token= or Authorization: Bearer)", P.CLOSE_POLICY)
-    elif len(state.sessions) >= server.max_sessions:
-        refusal = ("server_full", f"the server already has {server.max_sessions} sessions; try again later", P.CLOSE_TRY_AGAIN)
+    elif (full := state.refusal()) is not None:
+        refusal = ("server_full", f"{full}; try again later", P.CLOSE_TRY_AGAIN)
     if refusal is not None:
         # accepted first so a browser client can read why (a refused handshake shows no reason to scripts)
         code, message, close_code = refusal
@@ -252,9 +252,8 @@ class Connection:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
-        if len(st.sessions) >= self.limits.max_sessions:
-            raise P.ProtocolError("server_full", f"the server already has {self.limits.max_sessions} sessions; try again later",
-                                  fatal=True, close_code=P.CLOSE_TRY_AGAIN)  # fmt: skip
+        if (full := st.refusal()) is not None:
+            raise P.ProtocolError("server_full", f"{full}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN)
         session = Session(
             self.session_id, st.stages, st.settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
             outbox=self.outbox, on_trace=self._on_trace,

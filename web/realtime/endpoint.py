@@ -55,8 +55,8 @@ async def handle_realtime(ws: WebSocket, state: "AppState") -> None:
         refusal = ("forbidden_origin", "this origin is not allowed", P.CLOSE_POLICY)
     elif server.token and not token_ok(token, server.token):
         refusal = ("invalid_api_key", "missing or wrong key (Authorization: Bearer, or the key subprotocol)", P.CLOSE_POLICY)
-    elif len(state.sessions) >= server.max_sessions:
-        refusal = ("server_full", f"the server already has {server.max_sessions} sessions; try again later", P.CLOSE_TRY_AGAIN)
+    elif (full := state.refusal()) is not None:
+        refusal = ("server_full", f"{full}; try again later", P.CLOSE_TRY_AGAIN)
     await ws.accept(subprotocol=subprotocol)
     if refusal is not None:
         code, message, close_code = refusal

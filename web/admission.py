@@ -1,0 +1,32 @@
+"""Admission control: whether the server can hold one more conversation within its budgets (pure).
+
+Two limits, each with the reason a refused client is told (`server_full`) and /healthz shows:
+- capacity from measurement: `server.sessions_per_core` x the cores, which bench/load.py measures (the most
+  sessions whose voice-to-voice p95 holds its budget, per core); 0 turns it off;
+- the machine falling behind now: the recent p95 of how long what users wait for (final transcripts, first
+  phrases, turn checks) queued for a worker is over `server.admit_max_wait_ms`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Admission:
+    capacity: int  # 0: no limit from measurement
+    max_wait_ms: float  # 0: no limit from queue waits
+
+    @classmethod
+    def from_config(cls, sessions_per_core: float, cores: int, max_sessions: int, max_wait_ms: float) -> "Admission":
+        measured = math.floor(sessions_per_core * cores) if sessions_per_core > 0 else 0
+        return cls(max(1, min(measured, max_sessions)) if measured else 0, max_wait_ms)
+
+    def refusal(self, sessions: int, recent_wait_ms: float | None) -> str | None:
+        """Why one more session would not hold its budgets, or None to admit it."""
+        if self.capacity and sessions >= self.capacity:
+            return f"the server holds {self.capacity} conversations within their latency budgets and has {sessions}"
+        if self.max_wait_ms and recent_wait_ms is not None and recent_wait_ms > self.max_wait_ms:
+            return (f"the server is behind: what users wait for queued {recent_wait_ms:.0f} ms for a worker "
+                    f"(p95 of the last minute; the limit is {self.max_wait_ms:.0f} ms)")  # fmt: skip
+        return None
