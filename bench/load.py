@@ -1,12 +1,17 @@
 """Concurrency benchmark: 1, 2, 4, 8, 16 sessions at once, each holding a spoken conversation in real time;
 per level voice_to_voice median/p95, errors, server CPU and memory; the most sessions that hold the budgets.
 
+--scheduling both: the same levels with the stages scheduled as before (`server.scheduling: direct`, every
+recognition, synthesis and check on a thread of its own at once, no admission control) and after (the shared
+scheduler, admission from measured capacity), side by side with each stage's queue waits. A session the server
+refuses (`server_full`) counts as refused, not as an error.
+
 --topology split: one `parley stages` process and two `parley serve` front ends whose three stages are remote
 (sessions dealt round-robin, as a load balancer would), instead of everything in one process; `both` runs the
 two in turn and prints them side by side, with what the HTTP hop costs each stage.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py [--server URL] [--levels 1,2,4,8,16] [--turns 3]
-      [--topology one|split|both] [--tiny]
+      [--topology one|split|both] [--scheduling before|after|both] [--tiny]
 """
 from __future__ import annotations
 
@@ -43,11 +48,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for the README)")
     p.add_argument("--topology", choices=("one", "split", "both"), default="one",
                    help="one process, or front ends + a stage server over HTTP, or both in turn (default one)")
+    p.add_argument("--scheduling", choices=("before", "after", "both"), default="after",
+                   help="the stage scheduling before the shared scheduler, after it, or both in turn (default after)")
     p.add_argument("--fronts", type=int, default=2, help="front ends in the split topology (default 2)")
     p.add_argument("--tiny", action="store_true", help="one level of two sessions, one turn each: a smoke test")
     args = p.parse_args(argv)
-    if args.server and args.topology != "one":
-        p.error("--topology split/both starts its own processes: it cannot use --server")
+    if args.server and (args.topology != "one" or args.scheduling == "both"):
+        p.error("--topology split/both and --scheduling both start their own processes: they cannot use --server")
+    if args.topology == "both" and args.scheduling == "both":
+        p.error("compare topologies or schedulings in one run, not both")
     if args.tiny:
         args.levels, args.turns = "2", 1
         args.persona = args.persona or "concise"
@@ -55,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[str]]:
+async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.Namespace) -> tuple[list[TurnResult], list[str], int]:
     """`n` sessions at once, dealt over `urls`; session i says pool[i*turns : (i+1)*turns] (wrapping), joining
     i*stagger/n s late."""
     sessions = [ScriptedSession(urls[i % len(urls)], session=i, token=args.token, persona=args.persona,
@@ -72,19 +81,22 @@ async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.
         t.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     errors: list[str] = [f"session {i}: level timeout" for i, t in enumerate(tasks) if t in pending]
+    refused = 0
     for i, t in enumerate(tasks):
         exc = None if t.cancelled() else t.exception()
-        if isinstance(exc, ConnectError):
+        if isinstance(exc, ConnectError) and "try again later" in str(exc):
+            refused += 1  # server_full: admission control said no, with its reason
+        elif isinstance(exc, ConnectError):
             errors.append(f"session {i}: {exc}")
         elif exc is not None:
             errors.append(f"session {i}: {exc!r}")
     turns = [r for s in sessions for r in s.results]
     errors += [f"session {r.session} turn {r.index + 1}: {r.error}" for r in turns if r.error]
     errors += [f"session {s.session}: server error {e.get('code')}: {e.get('message')}" for s in sessions for e in s.errors]
-    missing = n * args.turns - len(turns)
+    missing = (n - refused) * args.turns - len(turns)
     if missing > 0:
         errors.append(f"{missing} turns never spoken")
-    return turns, errors
+    return turns, errors, refused
 
 
 def wait_idle(url: str, timeout_s: float = 20.0) -> None:
@@ -101,8 +113,23 @@ def wait_idle(url: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.5)
 
 
+QUEUED_STAGES = ("asr", "turn", "tts")
+
+
+def queue_waits(turns: list[TurnResult]) -> dict[str, dict[str, float | None]]:
+    """Per stage, the median and p95 of how long a turn's job waited for a shared worker (trace `queue_ms`)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for stage in QUEUED_STAGES:
+        waits = sorted(float(t.trace["queue_ms"][stage]) for t in turns if t.trace and stage in t.trace.get("queue_ms", {}))
+        if waits:
+            out[stage] = {"median": _stats.percentile(waits, 50), "p95": _stats.percentile(waits, 95), "n": len(waits)}
+        else:
+            out[stage] = {"median": None, "p95": None, "n": 0}
+    return out
+
+
 def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str, Any], budgets: dict[str, float],
-              wall_s: float) -> dict[str, Any]:
+              wall_s: float, refused: int = 0) -> dict[str, Any]:
     summary = _stats.summarize(turns, budgets)
     v2v, client = summary["voice_to_voice"], summary[_stats.CLIENT_V2V]
     over_any = sum(1 for t in turns if t.trace and t.trace.get("over_budget"))
@@ -111,7 +138,8 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "client_v2v_p95": client.get("p95"), "turns_over_budget": over_any, "summary": summary,
             "holds": not errors and _stats.holds_budget(v2v),
             "holds_all": not errors and all(_stats.holds_budget(summary[s]) for s in budgets if summary.get(s, {}).get("n")),
-            "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), **res}
+            "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), "refused": refused,
+            "queue_ms": queue_waits(turns), **res}
 
 
 def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ServerProcess]]:
@@ -138,8 +166,13 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
     return [s.url for s in servers[1:]], servers
 
 
-def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], out: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    sets = (f"server.max_sessions={max(args.levels)}",)
+BEFORE = ("server.scheduling=direct", "server.sessions_per_core=0", "server.admit_max_wait_ms=0")
+
+
+def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], out: Path,
+                 extra: tuple[str, ...] = (), name: str = "") -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
+    sets = (f"server.max_sessions={max(args.levels)}", *extra)
+    name = name or topology
     if topology == "split":
         urls, servers = open_split(args, out, sets)
         pids: list[int] = [s.proc.pid for s in servers]
@@ -155,13 +188,14 @@ def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], ou
             sampler = ResourceSampler(pids)
             sampler.start()
             t_level = time.monotonic()
-            turns, errors = asyncio.run(run_level(urls, n, pool, args))
+            turns, errors, refused = asyncio.run(run_level(urls, n, pool, args))
             res = sampler.stop()
             budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
-            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level))
+            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level, refused))
             r = rows[-1]
-            print(f"  [{topology}] {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
-                  f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {r['wall_s']} s", flush=True)
+            print(f"  [{name}] {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
+                  f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {refused} refused, {r['wall_s']} s",
+                  flush=True)  # fmt: skip
     finally:
         for server in servers:
             server.stop()
@@ -177,19 +211,27 @@ def main(argv: list[str] | None = None) -> int:
     pool = _prompts.corpus_prompts(need)
     print(f"{len(pool)} distinct prompts; levels {args.levels}, {args.turns} turns a session", flush=True)
     before = machine()
-    topologies = ["one", "split"] if args.topology == "both" else [args.topology]
+    if args.scheduling == "both":
+        plan = [("before", "one", BEFORE), ("after", "one", ())]
+    elif args.topology == "both":
+        plan = [("one", "one", ()), ("split", "split", ())]
+    else:
+        plan = [(args.topology, args.topology, BEFORE if args.scheduling == "before" else ())]
     runs: dict[str, list[dict[str, Any]]] = {}
     budgets: dict[str, float] = {}
-    for topology in topologies:
-        runs[topology], got = run_topology(topology, args, pool, out)
+    for name, topology, extra in plan:
+        runs[name], got = run_topology(topology, args, pool, out, extra, name)
         budgets = budgets or got
-    for topology, rows in runs.items():
+    for name, rows in runs.items():
         if len(runs) > 1:
-            print(f"\n## {topology}")
+            print(f"\n## {name}")
         print_report(rows, budgets, args.markdown)
-    if len(runs) > 1:
+    if "split" in runs:
         print_side_by_side(runs["one"], runs["split"], args.markdown)
-    rows = runs[topologies[0]]
+    if "before" in runs:
+        print_before_after(runs["before"], runs["after"], args.markdown)
+    topologies = [name for name, _, _ in plan]
+    rows = runs[topologies[-1]]
     held = [r["sessions"] for r in rows if r["holds"]]
     held_all = [r["sessions"] for r in rows if r["holds_all"]]
     result = {"levels": rows, "max_sessions_within_budget": max(held, default=0),
@@ -204,6 +246,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 HOP_STAGES = ("asr", "llm_ttft", "tts", "voice_to_voice")
+
+
+def print_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]], md: bool) -> None:
+    """v2v, errors, refusals, queue waits, CPU and memory per level, before and after the shared scheduler."""
+    f = _stats.fmt_ms
+    by_n = {r["sessions"]: r for r in after}
+    header = ("sessions", "before med", "before p95", "after med", "after p95", "before err", "after err", "refused",
+              "asr wait p95", "turn wait p95", "tts wait p95", "before cpu %", "after cpu %", "before MiB", "after MiB")
+    table = []
+    for b in before:
+        a = by_n.get(b["sessions"])
+        if a is None:
+            continue
+        q = a["queue_ms"]
+        table.append([b["sessions"], f(b["v2v_median"]), f(b["v2v_p95"]), f(a["v2v_median"]), f(a["v2v_p95"]),
+                      b["errors"], a["errors"], a["refused"], f(q["asr"]["p95"]), f(q["turn"]["p95"]), f(q["tts"]["p95"]),
+                      f(b["cpu_pct_mean"]), f(a["cpu_pct_mean"]), f(b["rss_mb_max"]), f(a["rss_mb_max"])])  # fmt: skip
+    print("\nBefore (each stage on its own thread at once) vs after (shared scheduler, admission); v2v in ms, server "
+          "side; waits: the after run's queue waits, ms")  # fmt: skip
+    print((_stats.markdown if md else _stats.table)(header, table))
 
 
 def print_side_by_side(one: list[dict[str, Any]], split: list[dict[str, Any]], md: bool) -> None:
