@@ -99,14 +99,15 @@ async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.
     return turns, errors, refused
 
 
-def wait_idle(url: str, timeout_s: float = 20.0) -> None:
-    """Between levels: wait until the server has no sessions and no busy engine slot, so levels do not overlap."""
+def wait_idle(url: str, timeout_s: float = 30.0) -> None:
+    """Between levels: wait until the server has no sessions, no busy engine slot and no recent queue waits (its
+    admission would refuse the next level's second session on the last level's waits), so levels do not overlap."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as r:
                 body = json.loads(r.read())
-            if body.get("sessions", 0) == 0 and not body.get("engine_slots"):
+            if body.get("sessions", 0) == 0 and not body.get("engine_slots") and body.get("queue_wait_p95_ms") is None:
                 return
         except OSError:
             pass

@@ -77,6 +77,8 @@ class Utterance:
 
     def pause(self) -> None:
         self.paused = True
+        if self.partial_task is not None:  # the final of this audio starts now: a partial of it is not worth a worker
+            self.partial_task.cancel()
 
     def resume(self) -> None:
         """Speech came back: the pause was inside the turn, and anything computed on it is stale."""

@@ -87,7 +87,7 @@ class WaitStats:
         counts = self.buckets.setdefault(k, [0] * (len(WAIT_BUCKETS_MS) + 1))
         counts[next((i for i, b in enumerate(WAIT_BUCKETS_MS) if wait_ms <= b), len(WAIT_BUCKETS_MS))] += 1
 
-    def recent_waited_p95(self, now_ms: float, window_ms: float = 60_000.0, min_jobs: int = 10) -> float | None:
+    def recent_waited_p95(self, now_ms: float, window_ms: float = 10_000.0, min_jobs: int = 5) -> float | None:
         """p95 queue wait of what users waited for over the last `window_ms`; None with fewer than `min_jobs`."""
         waits = sorted(w for t, w in list(self.recent) if now_ms - t <= window_ms)
         if len(waits) < min_jobs:
@@ -124,7 +124,7 @@ class StageScheduler:
         return 1000.0 * self._clock()
 
     def recent_wait_ms(self) -> float | None:
-        """p95 queue wait of what users waited for over the last minute (None: too few jobs to say)."""
+        """p95 queue wait of what users waited for over the last 10 s (None: too few jobs to say)."""
         with self._cond:
             return self.stats.recent_waited_p95(self._now_ms())
 

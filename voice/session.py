@@ -526,7 +526,11 @@ class Session:
                 del self._said[next(iter(self._said))]
             if interrupted:
                 self._interrupted = (reply, len(self.history) - 1)
-        self.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken)
+        llm = trace.info.get("llm") if trace is not None else None  # the engine's counts, once its finish came
+        usage = None if llm is None else {"input_tokens": llm["prefill_tokens"] + llm["reused_tokens"],
+                                          "cached_tokens": llm["reused_tokens"], "output_tokens": llm["decode_tokens"]}  # fmt: skip
+        self.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken,
+                         usage=usage)  # fmt: skip
         if self._ended is not None and self._ended.turn_id == reply.turn_id:
             self._ended = None
         dropped = self._trim_history()  # now, so the shorter prompt is back in the cache before the next turn

@@ -6,8 +6,9 @@ a reply's first phrase are what a user is waiting for right now; a reply's later
 audio already queued runs out; a partial transcript is only a courtesy on the screen. So:
 
 - strictly by priority, oldest first within one;
-- partials never take the last free worker (at most `partial_workers` run at once), so a final never queues
-  behind a partial decode that started before it;
+- partials and later phrases never take the last free worker (together at most `background_workers` run at
+  once, partials alone at most `partial_workers`), so a final, a turn check or a first phrase never queues
+  behind work nobody waits for that started before it;
 - a partial still queued after `partial_max_wait_ms` is dropped (by then the session has new audio and the
   next partial covers it), and a new partial from the same session replaces a queued one (coalesced): when
   the machine is behind, partials thin out instead of piling up;
@@ -39,15 +40,17 @@ class Job:
 @dataclass(frozen=True)
 class Policy:
     workers: int
-    partial_workers: int  # partials that may run at once; below `workers`, so one worker stays free
+    partial_workers: int  # partials that may run at once
+    background_workers: int  # partials and later phrases together: below `workers`, so one worker stays free
     partial_max_wait_ms: float = 1000.0
     max_batch: int = 4  # jobs one worker runs as one batch, when the stage can
 
     @classmethod
     def for_workers(cls, workers: int, partial_max_wait_ms: float = 1000.0) -> "Policy":
+        """One worker always free for what users wait for; partials get one worker, and half of them past four."""
         if workers < 1:
             raise ValueError(f"a scheduler needs at least one worker, not {workers}")
-        return cls(workers, max(1, workers - 1), partial_max_wait_ms)
+        return cls(workers, max(1, workers // 2 - 1), max(1, workers - 1), partial_max_wait_ms)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class StageQueue:
             queue = self._queues[priority]
             if not queue:
                 continue
+            if priority is not Priority.WAITED and self._running(Priority.NEXT, Priority.PARTIAL) >= self.policy.background_workers:
+                break
             if priority is Priority.PARTIAL and self._running(Priority.PARTIAL) >= self.policy.partial_workers:
                 break
             job = queue.popleft()
@@ -120,8 +125,8 @@ class StageQueue:
     def depth(self) -> dict[Priority, int]:
         return {p: len(q) for p, q in self._queues.items()}
 
-    def _running(self, priority: Priority) -> int:
-        return sum(1 for j in self.running.values() if j.priority is priority)
+    def _running(self, *priorities: Priority) -> int:
+        return sum(1 for j in self.running.values() if j.priority in priorities)
 
     def _drop_stale(self, now_ms: float) -> tuple[Job, ...]:
         queue = self._queues[Priority.PARTIAL]

@@ -4,7 +4,8 @@ Two limits, each with the reason a refused client is told (`server_full`) and /h
 - capacity from measurement: `server.sessions_per_core` x the cores, which bench/load.py measures (the most
   sessions whose voice-to-voice p95 holds its budget, per core); 0 turns it off;
 - the machine falling behind now: the recent p95 of how long what users wait for (final transcripts, first
-  phrases, turn checks) queued for a worker is over `server.admit_max_wait_ms`.
+  phrases, turn checks) queued for a worker is over `server.admit_max_wait_ms` (while anyone is connected: an
+  empty server always takes a session).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Admission:
         """Why one more session would not hold its budgets, or None to admit it."""
         if self.capacity and sessions >= self.capacity:
             return f"the server holds {self.capacity} conversations within their latency budgets and has {sessions}"
-        if self.max_wait_ms and recent_wait_ms is not None and recent_wait_ms > self.max_wait_ms:
+        if self.max_wait_ms and sessions and recent_wait_ms is not None and recent_wait_ms > self.max_wait_ms:
             return (f"the server is behind: what users wait for queued {recent_wait_ms:.0f} ms for a worker "
-                    f"(p95 of the last minute; the limit is {self.max_wait_ms:.0f} ms)")  # fmt: skip
+                    f"(p95 of the last 10 s; the limit is {self.max_wait_ms:.0f} ms)")  # fmt: skip
         return None

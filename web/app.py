@@ -56,10 +56,11 @@ class AppState:
 
     def refusal(self) -> str | None:
         """Why the server takes no new session now (web.admission), or None."""
-        if len(self.sessions) >= self.cfg.server.max_sessions:
+        n = len(self.sessions)
+        if n >= self.cfg.server.max_sessions:
             return f"the server already has {self.cfg.server.max_sessions} sessions"
         runner = self.runtime.stages.runner if self.runtime is not None else None
-        return self.admission().refusal(len(self.sessions), runner.recent_wait_ms() if runner is not None else None)
+        return self.admission().refusal(n, runner.recent_wait_ms() if runner is not None else None)
 
 
 def _session_tasks() -> int:
@@ -132,6 +133,7 @@ def create_app(
             body["accepting"] = refusal is None
             body["refusing"] = refusal  # why a new session gets server_full now, or null
             body["capacity"] = state.admission().capacity or cfg.server.max_sessions
+            body["queue_wait_p95_ms"] = state.runtime.stages.runner.recent_wait_ms()  # what users waited for, last 10 s
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)

@@ -43,7 +43,10 @@ class ProtocolError(Exception):
 
 def clip(value: object, limit: int = ECHO_CHARS) -> str:
     """A client's value as an error message may quote it: repr'd and cut short."""
-    text = repr(value)
+    return shorten(repr(value), limit)
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -120,7 +123,7 @@ def parse_text(raw: str) -> ClientMessage:
         msg = _CLIENT.validate_python(data)
     except ValidationError as err:
         e = err.errors()[0]
-        where = ".".join(str(p) for p in e["loc"][1:]) or "(message)"
+        where = shorten(".".join(str(p) for p in e["loc"][1:]) or "(message)")  # a field name is the client's text too
         raise ProtocolError("invalid_message", f"{kind}: {where}: {e['msg']}") from None
     if isinstance(msg, SessionStart):
         check_start(msg)

@@ -3,13 +3,15 @@ each library assuming the whole machine (CTranslate2 and onnxruntime default to 
 engine's OpenMP pool).
 
 - engine: every core. Decode is one request stream at a time per step; it is what a user waits on most.
-- stage_workers: how many recognitions, syntheses and turn checks run at once (voice.scheduler): at least two,
-  so a final transcript always finds a worker while a partial runs (voice.stage_queue).
+- stage_workers: how many recognitions, syntheses and turn checks run at once (voice.scheduler): one more than
+  the cores, at least three, so that while a partial and a later phrase run, a final transcript, a turn check or
+  a first phrase still finds a worker (voice.stage_queue keeps one for them).
 - per job: two intra-op threads for recognition and synthesis (measured on the 2-core dev machine, Whisper
   tiny.en on 2 s requests: one at a time 169 ms with 2 threads vs 187 with 1; two at once 353 vs 431 ms for
   both), one for the VAD and the Smart Turn check (small models, ~1-30 ms).
-So on two cores two jobs of two threads each may run beside the engine: oversubscribed at full load, which the
-measurement above favours over one thread each. On larger machines workers grow with the cores, not threads.
+So on two cores three jobs of two threads each may run beside the engine: oversubscribed at full load, which
+the measurement above favours over one thread each (and Whisper decodes queue inside CTranslate2, one at a time,
+whatever the threads). On larger machines workers grow with the cores, not threads.
 """
 from __future__ import annotations
 
@@ -40,5 +42,5 @@ class ThreadBudget:
         """`stage_workers` 0: from the cores."""
         cores = max(1, cores)
         per_job = min(JOB_THREADS, cores)
-        workers = stage_workers or max(2, cores // per_job)
+        workers = stage_workers or max(3, cores // per_job + 1)
         return cls(cores=cores, engine=cores, stage_workers=workers, asr=per_job, tts=per_job)

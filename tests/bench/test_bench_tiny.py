@@ -51,9 +51,26 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, level["error_list"]
     assert level["v2v_median"] > 0 and level["v2v_p95"] >= level["v2v_median"]
     assert level["rss_mb_max"] > 100  # the server with its models loaded, found by its port
-    assert result["max_sessions_within_budget"] in (0, 2)
     assert level["holds"] == (level["v2v_p95"] <= result["budgets_ms"]["voice_to_voice"])
+    assert result["max_sessions_within_budget"] == (2 if level["holds"] else 0)
+    assert level["refused"] == 0 and level["queue_ms"]["asr"]["n"] == 2  # each turn's final says how long it queued
     assert "Concurrent sessions" in proc.stdout
+
+
+def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:
+    """The same level against a server scheduling its stages as before (each on a thread at once) and one with
+    the shared scheduler: both answer, and the table puts them side by side."""
+    out = tmp_path / "load.json"
+    proc = run_script("load.py", "--tiny", "--scheduling", "both", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for name in ("before", "after"):
+        (level,) = result["topologies"][name]
+        assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, (name, level["error_list"])
+    before, after = result["topologies"]["before"][0]["queue_ms"], result["topologies"]["after"][0]["queue_ms"]
+    assert before["asr"]["p95"] == 0.0  # nothing queues when each job has its own thread
+    assert after["asr"]["n"] == 2
+    assert "Before (each stage on its own thread at once) vs after" in proc.stdout
 
 
 def test_load_tiny_split_topology(tmp_path: Path) -> None:

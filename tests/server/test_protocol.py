@@ -71,3 +71,10 @@ def test_encode_checks_required_fields() -> None:
     with pytest.raises(KeyError):
         P.encode("response.done", turn_id=1)
     assert json.loads(P.error_message("bad_json", "x", fatal=False)) == {"type": "error", "code": "bad_json", "message": "x", "fatal": False}
+
+
+def test_an_unknown_field_name_is_quoted_short() -> None:
+    """A field name is the client's text: a 900 KB one must not come back whole in the error."""
+    with pytest.raises(P.ProtocolError) as err:
+        P.parse_text(json.dumps({"type": "input.text", "text": "hi", "k" * 900_000: 1}))
+    assert err.value.code == "invalid_message" and len(str(err.value)) < 300

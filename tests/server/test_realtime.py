@@ -146,6 +146,9 @@ async def test_manual_commits_and_a_typed_text_only_question(rt: Rt) -> None:
     done = await rt.wait("response.done", 2)
     text = rt.of("response.output_text.done")[0].text
     assert done.response.status == "completed" and text.strip()
+    usage = done.response.usage  # the engine's counts: the conversation so far came from the cache
+    assert usage.output_tokens >= 1 and usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert 0 < usage.input_token_details.cached_tokens < usage.input_tokens
     assert text == "".join(e.delta for e in rt.of("response.output_text.delta"))
     assert len(rt.of("response.output_audio.delta")) == audio_before  # text only: nothing spoken
 
@@ -177,6 +180,46 @@ async def test_barge_in_then_truncate_keeps_what_was_heard(rt: Rt, live_server) 
     said = [text for role, text in session.history if role == "assistant"]
     full = rt.of("response.output_audio_transcript.done")[0].transcript
     assert len(said) == 2 and len(said[0].split()) < len(full.split())  # the first answer: only what was heard
+
+
+async def test_the_answer_after_a_truncate_is_written_from_the_truncated_history(rt: Rt, live_server) -> None:
+    """Turn detection that interrupts but does not answer by itself: barge in, truncate what was heard to 400 ms,
+    then ask for an answer; the prompt that answer is written from holds the truncated reply, not the whole one."""
+    detection = {"type": "server_vad", "create_response": False, "interrupt_response": True}
+    await rt.conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}})
+    await rt.wait("session.updated")
+    await rt.conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                 "content": [{"type": "input_text", "text": "Tell me a long story about a dragon."}]})  # fmt: skip
+    await rt.conn.response.create()
+    first = await rt.wait("response.output_audio.delta")
+    await rt.stream(spoken("Wait, stop."))  # the user talks over the answer
+    cut = await rt.wait("response.done")
+    assert cut.response.status == "cancelled"
+    await rt.wait("conversation.item.input_audio_transcription.completed")
+    assert len(rt.of("response.created")) == 1  # create_response false: the interruption is not answered by itself
+    whole = rt.of("response.output_audio_transcript.done")[0].transcript
+    await rt.conn.conversation.item.truncate(item_id=first.item_id, content_index=0, audio_end_ms=400)
+    await rt.wait("conversation.item.truncated")
+
+    llm = live_server.runtime.stages.llm
+    prompts: list[list[tuple[str, str]]] = []
+    generate = llm.generate
+
+    def recording(session_id: str, messages: Any, **kw: Any) -> Any:
+        prompts.append(list(messages))
+        return generate(session_id, messages, **kw)
+
+    llm.generate = recording
+    try:
+        await rt.conn.response.create()
+        done = await rt.wait("response.done", 2)
+    finally:
+        del llm.generate
+    assert done.response.status == "completed"
+    (prompt,) = prompts
+    said = [text for role, text in prompt if role == "assistant"]
+    assert len(said) == 1 and len(said[0].split()) <= 3 < len(whole.split()), (said, whole)  # 400 ms: a word or two
+    assert whole.startswith(said[0]) and prompt[-1] == ("user", rt.of("conversation.item.input_audio_transcription.completed")[0].transcript)
 
 
 async def test_bad_events_get_errors_and_the_session_goes_on(rt: Rt) -> None:

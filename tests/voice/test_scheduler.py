@@ -29,7 +29,7 @@ async def _until(predicate, what: str) -> None:
 
 async def test_jobs_run_by_priority_and_report_their_wait() -> None:
     clock = Clock()
-    sched = StageScheduler(Policy(workers=1, partial_workers=1), clock=clock)
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, background_workers=1), clock=clock)
     gate, ran = threading.Event(), []
     try:
         blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
@@ -51,7 +51,7 @@ async def test_jobs_run_by_priority_and_report_their_wait() -> None:
 
 async def test_a_stale_partial_is_skipped_and_a_replaced_one_too() -> None:
     clock = Clock()
-    sched = StageScheduler(Policy(workers=1, partial_workers=1, partial_max_wait_ms=500), clock=clock)
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, background_workers=1, partial_max_wait_ms=500), clock=clock)
     gate = threading.Event()
     try:
         blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
@@ -73,7 +73,7 @@ async def test_a_stale_partial_is_skipped_and_a_replaced_one_too() -> None:
 
 
 async def test_cancelling_a_queued_job_takes_it_out_and_errors_reach_the_caller() -> None:
-    sched = StageScheduler(Policy(workers=1, partial_workers=1))
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, background_workers=1))
     gate, ran = threading.Event(), []
     try:
         blocker = asyncio.ensure_future(sched.run("asr", Priority.WAITED, "x", gate.wait))
@@ -109,7 +109,7 @@ async def test_closed_scheduler_refuses_and_direct_runner_runs_at_once() -> None
 
 
 async def test_finals_queued_together_run_as_one_batch() -> None:
-    sched = StageScheduler(Policy(workers=1, partial_workers=1))
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, background_workers=1))
     gate, batches = threading.Event(), []
 
     def batch(audios: list[str]) -> list[str]:

@@ -19,15 +19,16 @@ def started(q: StageQueue, now: float = 0.0) -> Job | None:
     return q.start(now).job
 
 
-def test_policy_keeps_one_worker_from_partials() -> None:
-    assert Policy.for_workers(2) == Policy(2, 1, 1000.0)
-    assert Policy.for_workers(1).partial_workers == 1  # one worker: partials must still run sometime
+def test_policy_keeps_one_worker_for_what_users_wait_for() -> None:
+    assert Policy.for_workers(3) == Policy(3, partial_workers=1, background_workers=2)
+    assert Policy.for_workers(8) == Policy(8, partial_workers=3, background_workers=7)
+    assert Policy.for_workers(1) == Policy(1, 1, 1)  # one worker: partials must still run sometime
     with pytest.raises(ValueError):
         Policy.for_workers(0)
 
 
 def test_strict_priority_then_oldest_first() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1))
     partial, later, final_a, final_b = job(P, "a"), job(N, "b"), job(W, "c"), job(W, "d")
     for j in (partial, later, final_a, final_b):
         q.submit(j)
@@ -43,7 +44,7 @@ def test_strict_priority_then_oldest_first() -> None:
 
 def test_a_final_never_waits_behind_a_partial_that_started_first() -> None:
     """Two workers: one partial runs, a second partial waits although a worker is free; a final takes that worker."""
-    q = StageQueue(Policy(workers=2, partial_workers=1))
+    q = StageQueue(Policy(workers=2, partial_workers=1, background_workers=1))
     p1, p2 = job(P, "a"), job(P, "b")
     q.submit(p1)
     q.submit(p2)
@@ -58,7 +59,7 @@ def test_a_final_never_waits_behind_a_partial_that_started_first() -> None:
 
 
 def test_a_newer_partial_replaces_the_queued_one_of_its_session() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1))
     blocker = job(W, "x")
     q.submit(blocker)
     assert started(q) is blocker
@@ -76,7 +77,7 @@ def test_a_newer_partial_replaces_the_queued_one_of_its_session() -> None:
 
 
 def test_partials_queued_too_long_are_dropped_as_stale() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1, partial_max_wait_ms=500))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1, partial_max_wait_ms=500))
     busy = job(W, "x", at=0)
     q.submit(busy)
     assert started(q, 0) is busy
@@ -90,8 +91,22 @@ def test_partials_queued_too_long_are_dropped_as_stale() -> None:
     assert out.job is fresh and out.dropped == ()
 
 
+def test_later_phrases_and_partials_together_leave_a_worker_free() -> None:
+    q = StageQueue(Policy(workers=3, partial_workers=1, background_workers=2))
+    phrase, partial, phrase2 = job(N, "a", stage="tts"), job(P, "b"), job(N, "c", stage="tts")
+    for j in (phrase, partial, phrase2):
+        q.submit(j)
+    assert started(q) is phrase and started(q) is phrase2
+    assert started(q) is None  # the third worker waits for what a user waits for
+    check = job(W, "d", stage="turn")
+    q.submit(check)
+    assert started(q) is check
+    q.finish(phrase)
+    assert started(q) is partial
+
+
 def test_finals_and_phrases_are_never_dropped_however_long_they_wait() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1, partial_max_wait_ms=10))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1, partial_max_wait_ms=10))
     busy, final, phrase = job(W, at=0), job(W, "b", at=0), job(N, "c", at=0)
     for j in (busy, final, phrase):
         q.submit(j)
@@ -102,7 +117,7 @@ def test_finals_and_phrases_are_never_dropped_however_long_they_wait() -> None:
 
 
 def test_cancel_takes_a_queued_job_out_but_not_a_running_one() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1))
     running, queued, partial = job(W, "a"), job(W, "b"), job(P, "c")
     for j in (running, queued, partial):
         q.submit(j)
@@ -116,7 +131,7 @@ def test_cancel_takes_a_queued_job_out_but_not_a_running_one() -> None:
 
 
 def test_a_worker_takes_the_queued_finals_of_its_stage_as_one_batch() -> None:
-    q = StageQueue(Policy(workers=1, partial_workers=1))
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1))
     busy = job(W, "x", stage="tts")
     q.submit(busy)
     assert started(q) is busy

@@ -168,7 +168,7 @@ class RealtimeConnection:
             except (json.JSONDecodeError, ValueError, RecursionError) as exc:
                 if isinstance(exc, ValidationError):
                     e = exc.errors()[0]
-                    param = ".".join(str(p) for p in e["loc"])
+                    param = P.shorten(".".join(str(p) for p in e["loc"]))  # field names are the client's text too
                     self._error("invalid_value", f"{param}: {e['msg']}", param=param, event_id=event_id)
                 else:
                     self._error("invalid_json", f"not JSON: {type(exc).__name__}", event_id=event_id)

@@ -123,11 +123,11 @@ class Translator:
         return {"id": r.item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
                 "content": [part] if status != "in_progress" else []}  # fmt: skip
 
-    def _response(self, r: _Response, status: str, reason: str | None = None) -> dict[str, Any]:
+    def _response(self, r: _Response, status: str, reason: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
         details = {"type": status, "reason": reason} if reason else None
         output = [self._item(r, "completed" if status == "completed" else "incomplete")] if status != "in_progress" else []
         return {"id": r.id, "object": "realtime.response", "status": status, "status_details": details,
-                "output": output, "output_modalities": [r.modality], "usage": None}  # fmt: skip
+                "output": output, "output_modalities": [r.modality], "usage": _usage(usage)}  # fmt: skip
 
     def _started(self, turn: int) -> tuple[_Response, list[Event]]:
         r = self._responses.get(turn)
@@ -168,7 +168,7 @@ class Translator:
             {"type": "response.content_part.done", **where, "part": part},
             {"type": "response.output_item.done", "response_id": r.id, "output_index": 0, "item": item},
             {"type": "conversation.item.done", "previous_item_id": None, "item": item},
-            {"type": "response.done", "response": self._response(r, status, reason)},
+            {"type": "response.done", "response": self._response(r, status, reason, body.get("usage"))},
         ]
 
     def turn_of(self, item_id: str) -> int | None:
@@ -179,3 +179,14 @@ class Translator:
 def error_event(type_: str, code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> Event:
     return {"type": "error", "error": {"type": type_, "code": code, "message": message, "param": param,
                                        "event_id": event_id}}  # fmt: skip
+
+
+def _usage(counts: dict[str, int] | None) -> dict[str, Any] | None:
+    """The engine's token counts in OpenAI's shape: input includes the cached (reused) tokens; text only, since
+    audio is recognised and synthesised outside the model. None when the reply ended before the engine finished."""
+    if counts is None:
+        return None
+    i, o = counts["input_tokens"], counts["output_tokens"]
+    return {"total_tokens": i + o, "input_tokens": i, "output_tokens": o,
+            "input_token_details": {"text_tokens": i, "audio_tokens": 0, "cached_tokens": counts["cached_tokens"]},
+            "output_token_details": {"text_tokens": o, "audio_tokens": 0}}  # fmt: skip
