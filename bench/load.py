@@ -100,14 +100,14 @@ async def run_level(urls: list[str], n: int, pool: list[Prompt], args: argparse.
 
 
 def wait_idle(url: str, timeout_s: float = 30.0) -> None:
-    """Between levels: wait until the server has no sessions, no busy engine slot and no recent queue waits (its
-    admission would refuse the next level's second session on the last level's waits), so levels do not overlap."""
+    """Between levels: wait until the server has no sessions and no busy engine slot, so levels do not overlap (the
+    last session leaving also clears the recent latencies its admission goes by)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as r:
                 body = json.loads(r.read())
-            if body.get("sessions", 0) == 0 and not body.get("engine_slots") and body.get("queue_wait_p95_ms") is None:
+            if body.get("sessions", 0) == 0 and not body.get("engine_slots"):
                 return
         except OSError:
             pass
@@ -167,7 +167,7 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
     return [s.url for s in servers[1:]], servers
 
 
-BEFORE = ("server.scheduling=direct", "server.sessions_per_core=0", "server.admit_max_wait_ms=0")
+BEFORE = ("server.scheduling=direct", "server.sessions_per_core=0", "server.admit_max_wait_ms=0", "server.admit_v2v_ratio=0")
 
 
 def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], out: Path,

@@ -47,6 +47,12 @@ class StageRunner(Protocol):
         self, stage: str, priority: Priority, key: str, fn: Callable[..., T], *args: Any, batch: Batch | None = None
     ) -> Ran[T]: ...
 
+    def recent_wait_ms(self) -> float | None: ...  # p95 wait of what users waited for, lately (admission)
+
+    def forget_recent(self) -> None: ...
+
+    def close(self) -> None: ...
+
 
 class DirectRunner:
     """No scheduling: each call on its own default-executor thread at once (the behaviour before the scheduler)."""
@@ -55,6 +61,9 @@ class DirectRunner:
 
     def recent_wait_ms(self) -> float | None:
         return None
+
+    def forget_recent(self) -> None:
+        pass
 
     async def run(
         self, stage: str, priority: Priority, key: str, fn: Callable[..., T], *args: Any, batch: Batch | None = None
@@ -127,6 +136,10 @@ class StageScheduler:
         """p95 queue wait of what users waited for over the last 10 s (None: too few jobs to say)."""
         with self._cond:
             return self.stats.recent_waited_p95(self._now_ms())
+
+    def forget_recent(self) -> None:
+        with self._cond:
+            self.stats.recent.clear()
 
     async def run(
         self, stage: str, priority: Priority, key: str, fn: Callable[..., T], *args: Any, batch: Batch | None = None

@@ -52,7 +52,16 @@ class AppState:
     def admission(self) -> Admission:
         server = self.cfg.server
         cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
-        return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms)
+        return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms,
+                                     server.admit_v2v_ratio, self.cfg.budgets_ms.get("voice_to_voice"))  # fmt: skip
+
+    def drop_session(self, session_id: str) -> None:
+        """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""
+        self.sessions.pop(session_id, None)
+        if not self.sessions:
+            self.metrics.forget_recent()
+            if self.runtime is not None:
+                self.runtime.stages.runner.forget_recent()
 
     def refusal(self) -> str | None:
         """Why the server takes no new session now (web.admission), or None."""
@@ -60,7 +69,8 @@ class AppState:
         if n >= self.cfg.server.max_sessions:
             return f"the server already has {self.cfg.server.max_sessions} sessions"
         runner = self.runtime.stages.runner if self.runtime is not None else None
-        return self.admission().refusal(n, runner.recent_wait_ms() if runner is not None else None)
+        return self.admission().refusal(n, runner.recent_wait_ms() if runner is not None else None,
+                                        self.metrics.recent_v2v_p95())  # fmt: skip
 
 
 def _session_tasks() -> int:
@@ -134,6 +144,7 @@ def create_app(
             body["refusing"] = refusal  # why a new session gets server_full now, or null
             body["capacity"] = state.admission().capacity or cfg.server.max_sessions
             body["queue_wait_p95_ms"] = state.runtime.stages.runner.recent_wait_ms()  # what users waited for, last 10 s
+            body["v2v_p95_ms"] = state.metrics.recent_v2v_p95()  # the turns of the last 30 s
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)

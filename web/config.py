@@ -161,6 +161,7 @@ class ServerConfig(_Strict):
     # sessions are refused until the machine catches up (0: never)
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
+    admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     openai_voices: dict[str, str] = Field(default_factory=dict)  # OpenAI voice name -> a configured voice
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ class Metrics:
         self.active_sessions = 0
         self.sessions_total = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep_traces)
+        self._v2v: deque[tuple[float, float]] = deque(maxlen=500)  # (monotonic s, voice_to_voice ms) of recent turns
 
     def session_opened(self) -> None:
         with self._lock:
@@ -80,6 +82,8 @@ class Metrics:
             for stage in trace["over_budget"]:
                 self.over_budget[stage] += 1
             self.recent.append(trace)
+            if "voice_to_voice" in trace["stages_ms"]:
+                self._v2v.append((time.monotonic(), float(trace["stages_ms"]["voice_to_voice"])))
         if trace["over_budget"]:
             log.info("turn %s over budget: %s", trace["turn_id"], ", ".join(trace["over_budget"]))
         if self.trace_log is not None:
@@ -88,6 +92,19 @@ class Metrics:
                     f.write(json.dumps(trace, separators=(",", ":")) + "\n")
             except OSError as exc:  # a full disk must not end the conversation; the trace is still in /metrics
                 log.warning("cannot append to trace log %s: %s", self.trace_log, exc)
+
+    def forget_recent(self) -> None:
+        with self._lock:
+            self._v2v.clear()
+
+    def recent_v2v_p95(self, window_s: float = 30.0, min_turns: int = 4) -> float | None:
+        """p95 voice-to-voice of the turns that finished in the last `window_s`; None with fewer than `min_turns`."""
+        now = time.monotonic()
+        with self._lock:
+            values = sorted(v for t, v in self._v2v if now - t <= window_s)
+        if len(values) < min_turns:
+            return None
+        return values[min(len(values) - 1, int(0.95 * len(values)))]
 
     def traces(self, limit: int = 50) -> list[dict[str, Any]]:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -59,14 +60,15 @@ class RepeatFilter(logging.Filter):
     """Passes a log message the first time in each `window_s`, then one line saying how often it came meanwhile;
     the repeats carry no traceback (a flood of failed accepts logs one line a window, not one per event)."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.window_s = window_s
+        self._clock = clock
         self._seen: dict[tuple[str, int], tuple[float, int]] = {}  # (message, level) -> (window start, repeats)
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (str(record.msg), record.levelno)
-        now = time.monotonic()
+        now = self._clock()
         start, repeats = self._seen.get(key, (-self.window_s, 0))
         if now - start < self.window_s:
             self._seen[key] = (start, repeats + 1)

@@ -151,7 +151,7 @@ class Connection:
             pass
         finally:
             if self.session is not None:
-                self.state.sessions.pop(self.session_id, None)
+                self.state.drop_session(self.session_id)
                 await self.session.close()
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)

@@ -33,7 +33,7 @@ def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[
         path.write_text(yaml.safe_dump(data))
     data = yaml.safe_load((dst / "default.yaml").read_text())
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
-                           "idle_timeout_s": 30, "admit_max_wait_ms": 0, **server})  # fmt: skip
+                           "idle_timeout_s": 30, "admit_max_wait_ms": 0, "admit_v2v_ratio": 0, **server})  # fmt: skip
     data["vad"].update(vad or {})
     _merge(data, more or {})
     (dst / "default.yaml").write_text(yaml.safe_dump(data))

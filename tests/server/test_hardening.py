@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from web import protocol as P
+
 import audio_corpus as corpus
 from server_config import TOKEN
 from server_process import ServerProcess
@@ -312,6 +314,31 @@ async def test_an_utterance_ends_at_its_maximum_length(server: ServerProcess, qu
     await c.__aexit__()
 
 
+async def test_a_long_conversation_drops_old_turns_rarely_and_keeps_its_cache(tmp_path: Path) -> None:
+    """Finding 8's other half against a real process: with a context of 512 tokens (history ~1,000 characters) a
+    conversation overflows within a few turns. Dropping the oldest message every turn changed the prompt's
+    prefix every turn, and every turn recomputed the whole prompt; now old turns go in halves, rarely, and
+    the turns between drops compute only their new message (counted by the engine, not timed)."""
+    proc = ServerProcess(tmp_path, more={"models": {"llm": {"max_seq_len": 512}}}).start()
+    try:
+        c = await started(proc)
+        await c.wait_for("response.done")  # the greeting
+        traces = []
+        for i in range(20):
+            await c.send(type="input.text", text=f"Tell me one short fact about the number {i + 1}, please.")
+            done = await c.wait_for("response.done", n=i + 2)
+            traces.append(await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60))
+        await c.__aexit__()
+    finally:
+        proc.stop()
+    drops = [i for i, t in enumerate(traces) if t.get("context")]
+    computed = [t["llm"]["prefill_tokens"] for t in traces]
+    assert 1 <= len(drops) <= 5, (drops, computed)  # it overflowed, and the history went in large steps
+    # a turn computes its own message (~20 tokens with the chat template); the whole prompt is 200+ tokens
+    big = [i for i, n in enumerate(computed[1:], 1) if n > 60]
+    assert len(big) <= len(drops), (big, drops, computed)
+
+
 # -- every bad message gets an error; the session lives on ------------------------------------------------------------
 
 _VALUES = st.recursive(
@@ -320,12 +347,15 @@ _VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=8,
 )  # fmt: skip
-_MESSAGES = st.fixed_dictionaries(
+_KNOWN = st.fixed_dictionaries(
     {"type": st.sampled_from(["session.start", "input.text", "response.cancel", "playback.mark", "session.update",
                                "nonsense", ""]) | st.text(max_size=20)},  # fmt: skip
     optional={"protocol": _VALUES, "sample_rate": _VALUES, "text": _VALUES, "turn_id": _VALUES, "played_ms": _VALUES,
               "persona": _VALUES, "voice": _VALUES, "extra": _VALUES},  # fmt: skip
 )
+# and now and then a field of any name, long ones too (a field name is echoed in `invalid_message`)
+_MESSAGES = st.builds(lambda known, more: {**more, **known}, _KNOWN,
+                      st.dictionaries(st.text(min_size=1, max_size=2000), _VALUES, max_size=1) | st.just({}))  # fmt: skip
 
 
 def test_fuzzed_messages_get_an_error_or_an_answer_and_the_session_answers_after(server: ServerProcess) -> None:
@@ -343,8 +373,13 @@ def test_fuzzed_messages_get_an_error_or_an_answer_and_the_session_answers_after
     def case(msg: dict[str, object]) -> None:
         async def run() -> None:
             n = len(c.of("error"))
-            await c.ws.send(json.dumps(msg, allow_nan=True))
-            await still_answers(c)
+            raw = json.dumps(msg, allow_nan=True)
+            await c.ws.send(raw)
+            await still_answers(c)  # a message's error comes before anything the next message asks for
+            try:
+                P.parse_text(raw)
+            except P.ProtocolError:  # bad by the protocol's own rules: this one message got its error
+                assert len(c.of("error")) > n, msg
             if msg["type"] not in ("response.cancel", "session.update") or set(msg) - {"type", "persona", "voice"}:
                 seen["errors"] += len(c.of("error")) > n
             for m in c.of("error")[n:]:

@@ -112,7 +112,7 @@ class RealtimeConnection:
         except* (WebSocketDisconnect, OSError, RuntimeError):
             pass
         finally:
-            st.sessions.pop(self.session_id, None)
+            st.drop_session(self.session_id)
             for task in self._tasks:
                 task.cancel()
             await self.session.close()
