@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) > 1:
             print(f"\n## {name}")
         print_report(rows, budgets, args.markdown)
-    if "split" in runs:
+    if "split" in runs and "one" in runs:
         print_side_by_side(runs["one"], runs["split"], args.markdown)
-    if "before" in runs:
+    if "before" in runs and "after" in runs:
         print_before_after(runs["before"], runs["after"], args.markdown)
     topologies = [name for name, _, _ in plan]
     rows = runs[topologies[-1]]
