@@ -280,24 +280,39 @@ def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_rep
     with pytest.raises(ValueError, match="kv cache dtype"):
         Engine.from_path(smol_path, kv_cache="int8")
     assert smol_engine.cache.k.dtype == torch.float16  # the CPU default for a float32 model
-    # float32 caches on both sides: this prompt's first token is a near-tie ("There" over "The" by 0.014
-    # in the int4 logits under torch's bfloat16 kernels), which a float16 cache's rounding can flip.
     quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4", kv_cache="float32")
     full = Engine(smol_engine.model, smol_engine.tokenizer, max_seq_len=256, max_slots=1, kv_dtype=torch.float32)
     layers = [m for m in quantized.model.modules() if isinstance(m, Int4WeightOnlyLinear)]
     # Every projection, none left in float; fused per block into qkv, o, gate_up and down.
     assert len(layers) == 4 * quantized.model.cfg.num_layers
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized.model.modules())
+    msgs = [SYSTEM, ChatMessage("user", "Name three colours.")]
     quantized.start()
     full.start()
     try:
-        msgs = [SYSTEM, ChatMessage("user", "Name three colours.")]
-        ids, _, fin = ask(quantized, "q", msgs, 12)
-        # Q4_1 with group 32 is our int4 layout: the same weights as the float model's dequantized ones.
-        assert ids == ask(full, "q-float", msgs, 12)[0] and len(ids) >= 3
+        ids = ask(quantized, "q", msgs, 12)[0]
+        want = ask(full, "q-float", msgs, 12)[0]
     finally:
         quantized.stop()
         full.stop()
+    assert len(ids) >= 3
+    # Q4_1 with group 32 is our int4 layout: the same weights as the float model's dequantized ones, run by
+    # other kernels (bfloat16 activations, an int8 head, each CPU's own instructions), so the logits differ by
+    # rounding. The replies agree token for token, except that where the float model itself nearly ties
+    # ("There" over "The" by 0.04 here) rounding may pick the other: the reply may part there and only there.
+    prompt = full.tokenizer.apply_chat_template(msgs)
+    common = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+    seq = prompt + want
+    with torch.no_grad():
+        at = torch.arange(len(seq))[None]
+        float_logits = full.model(torch.tensor([seq]), at, full.cache, [0], logits_for="all")[0, len(prompt) - 1 : -1]
+        int4_logits = quantized.model(torch.tensor([seq]), at, quantized.cache, [0], logits_for="all")[0, len(prompt) - 1 : -1]
+    assert torch.nn.functional.cosine_similarity(float_logits, int4_logits, dim=-1).min() > 0.99
+    if common < min(len(ids), len(want)):
+        top2 = float_logits[common].topk(2).values
+        assert float(top2[0] - top2[1]) < 0.5, (common, ids, want)  # parted only at a near-tie
+    else:
+        assert ids == want
 
 
 def test_requests_queued_behind_their_sessions_running_one_all_run(smol_engine):
