@@ -475,10 +475,11 @@ class Session:
         """A conversation that outgrew settings.history_chars loses its oldest half at once, from a user turn on:
         the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping
         one message a turn changed it every turn. -> how many messages went."""
-        if sum(len(text) for _, text in self.history) <= self.settings.history_chars:
+        limit, most = self.settings.history_chars, self.settings.history_messages
+        if sum(len(text) for _, text in self.history) <= limit and len(self.history) <= most:
             return 0
-        keep_chars, cut = self.settings.history_chars // 2, len(self.history)
-        while cut > 0 and keep_chars - len(self.history[cut - 1][1]) >= 0:
+        keep_chars, cut = limit // 2, len(self.history)
+        while cut > 0 and keep_chars - len(self.history[cut - 1][1]) >= 0 and len(self.history) - cut < most // 2:
             cut -= 1
             keep_chars -= len(self.history[cut][1])
         while cut < len(self.history) and self.history[cut][0] != "user":

@@ -38,6 +38,7 @@ class SessionSettings:
     greet: bool = True  # speak the persona's greeting at start and on a persona switch
     warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
     history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (web.runtime)
+    history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,19 @@ async def test_the_prompt_is_cached_before_the_first_turn_and_again_after_a_pers
         assert reply_again.messages[:-1] == warm_again.messages  # the new persona's prompt so far, warmed
 
 
+async def test_many_tiny_messages_are_capped_by_count_too() -> None:
+    """A history of one-character turns never reaches the character limit; the message cap drops its older half."""
+    async with Harness(history_chars=100_000, history_messages=10) as h:
+        for i in range(12):
+            h.session.text_input("a")
+            await h.wait_for("response.done", i + 1)
+            assert len(h.session.history) <= 10
+        assert h.session.history[0][0] == "user"
+        traces = [await h.wait_for("turn.trace", n) for n in range(1, 13)]
+        # at 12 messages: the newest 5 are kept, less the reply that would open it (a history opens on the user)
+        assert [t["context"]["dropped_messages"] for t in traces if "context" in t] == [8, 8]
+
+
 async def test_a_long_conversation_drops_its_oldest_half_at_once_and_keeps_the_rest_stable() -> None:
     async with Harness(history_chars=400, warm_prompt=True) as h:
         warmed_after_drop, opening = 0, None
