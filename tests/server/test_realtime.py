@@ -222,6 +222,41 @@ async def test_the_answer_after_a_truncate_is_written_from_the_truncated_history
     assert heard.startswith(said[0]) and prompt[-1] == ("user", rt.of("conversation.item.input_audio_transcription.completed")[0].transcript)
 
 
+async def test_instructions_a_voice_a_cleared_buffer_and_speech_that_does_not_interrupt(rt: Rt, live_server) -> None:
+    """`instructions` become the system prompt of the next answer, a configured voice is taken, a cleared buffer
+    holds nothing to commit, and with `interrupt_response: false` speech during an answer is heard
+    (speech_started/stopped) but neither stops it nor becomes a turn (docs/realtime.md)."""
+    session = live_server.state.sessions[rt.of("session.created")[0].session.id.removeprefix("sess_")]
+    await rt.conn.session.update(session={"type": "realtime", "instructions": "You are a pirate. Answer in one line.",
+                                          "audio": {"output": {"voice": "kal"}, "input": {"turn_detection": None}}})  # fmt: skip
+    updated = await rt.wait("session.updated")
+    assert updated.session.instructions == "You are a pirate. Answer in one line."
+    assert updated.session.audio.output.voice == "kal" and session.voice_name == "kal"
+    assert session.messages("Hello")[0] == ("system", "You are a pirate. Answer in one line.")
+
+    await rt.stream(spoken("What is the capital of France?", tail_ms=200))
+    await rt.conn.input_audio_buffer.clear()
+    await rt.wait("input_audio_buffer.cleared")
+    await rt.conn.input_audio_buffer.commit()
+    empty = await rt.wait("error")
+    assert empty.error.code == "input_audio_buffer_commit_empty"
+
+    detection = {"type": "server_vad", "interrupt_response": False}
+    await rt.conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}})
+    await rt.wait("session.updated", 2)
+    await rt.conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                 "content": [{"type": "input_text", "text": "Tell me a long story about a ship."}]})  # fmt: skip
+    await rt.conn.response.create()
+    await rt.wait("response.output_audio.delta")
+    await rt.stream(spoken("Wait, stop."))  # talks over the answer
+    stopped = await rt.wait("input_audio_buffer.speech_stopped")
+    done = await rt.wait("response.done")
+    assert done.response.status == "completed"  # not interrupted
+    assert rt.events.index(stopped) < rt.events.index(done)  # the speech was heard, and ended, during the answer
+    # it was no turn: a turn's speech_stopped is followed at once by its commit, before anything else is sent
+    assert not rt.of("input_audio_buffer.committed") and not rt.of("conversation.item.input_audio_transcription.completed")
+
+
 async def test_bad_events_get_errors_and_the_session_goes_on(rt: Rt) -> None:
     await rt.conn.send({"type": "no.such.event", "event_id": "e1"})
     await rt.conn.send({"type": "input_audio_buffer.append", "audio": "***not base64***"})
