@@ -16,7 +16,7 @@ run: setup
 	@$(PY) -m web.cli serve $(ARGS)
 
 test: setup-test
-	@$(PY) -m pytest -q $(PYTEST_ARGS)
+	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 models: setup
 	@$(PY) -m web.cli models
