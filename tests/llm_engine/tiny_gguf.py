@@ -2,7 +2,7 @@
 
 A GGUF here is written the way llama.cpp's converter writes one: llama's Q/K rows permuted, Llama 3's rope
 scaling as a `rope_freqs` tensor, 1-D tensors in F32 and every matrix in the type asked for, the tokenizer
-(the embedded SmolLM2 vocabulary, plus the family's chat-template tokens) and the family's chat template in
+(the embedded SmolLM2 vocabulary's first 1,024 ids, plus the family's chat-template tokens) and the family's chat template in
 the metadata. K-quant blocks are random bytes with small scales (gguf-py writes no K-quants): what matters is
 that both sides read the same file.
 """
@@ -18,6 +18,7 @@ import torch
 # hidden and intermediate are multiples of 256, the K-quant super-block
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 FAMILIES = ("llama3", "qwen2", "qwen3")
+TOKENIZER_SIZE = 1024  # SmolLM2's first ids: specials, bytes, the commonest merges (tokenizer_for)
 
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
@@ -49,11 +50,10 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
 _K_BLOCKS = {"Q4_K": (144, {0: 4e-4, 2: 3e-3}), "Q5_K": (176, {0: 2e-4, 2: 3.1e-3}), "Q6_K": (210, {208: 1e-4})}
 
 
-def tokenizer_for(family: str, smol_folder: Path):
-    """The embedded SmolLM2 tokenizer with the family's chat template (and Llama 3's header tokens)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(smol_folder))
+def tokenizer_for(family: str, smol_folder: Path, size: int = TOKENIZER_SIZE):
+    """The embedded SmolLM2 tokenizer cut to its first `size` ids, with the family's chat template (and Llama 3's
+    header tokens)."""
+    tok = _first_ids(smol_folder, size)
     if family == "llama3":
         tok.add_special_tokens({"additional_special_tokens": LLAMA3_SPECIALS, "bos_token": "<|begin_of_text|>",
                                 "eos_token": "<|eot_id|>"})  # fmt: skip
@@ -62,6 +62,30 @@ def tokenizer_for(family: str, smol_folder: Path):
         tok.chat_template = QWEN_TEMPLATE
         tok.add_special_tokens({"eos_token": "<|im_end|>"})
     return tok
+
+
+def _first_ids(smol_folder: Path, size: int):
+    """SmolLM2's byte-level BPE cut to ids below `size`: its special tokens, the 256 bytes and the first merges
+    (a merge stays when both parts and its result do), so every text still encodes. The full 49,152-token
+    vocabulary made each GGUF's metadata ~1.5 million fields, which gguf's reader and transformers' GGUF
+    tokenizer took ~6 s apiece to read."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    data = json.loads((smol_folder / "tokenizer.json").read_text())
+    vocab = {piece: i for piece, i in data["model"]["vocab"].items() if i < size}
+    data["model"]["vocab"] = vocab
+    data["model"]["merges"] = [m for m in data["model"]["merges"]
+                               if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]  # fmt: skip
+    data["added_tokens"] = [a for a in data["added_tokens"] if a["id"] < size]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            if (smol_folder / name).exists():
+                shutil.copy(smol_folder / name, tmp)
+        (Path(tmp) / "tokenizer.json").write_text(json.dumps(data))
+        return AutoTokenizer.from_pretrained(tmp)
 
 
 def build_hf(family: str, folder: Path, tok, *, tied: bool = False, seed: int = 0) -> Path:
