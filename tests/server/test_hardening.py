@@ -315,16 +315,16 @@ async def test_an_utterance_ends_at_its_maximum_length(server: ServerProcess, qu
 
 
 async def test_a_long_conversation_drops_old_turns_rarely_and_keeps_its_cache(tmp_path: Path) -> None:
-    """Finding 8's other half against a real process: with a context of 512 tokens (history ~1,000 characters) a
+    """Finding 8's other half against a real process: with a context of 384 tokens (history ~770 characters) a
     conversation overflows within a few turns. Dropping the oldest message every turn changed the prompt's
     prefix every turn, and every turn recomputed the whole prompt; now old turns go in halves, rarely, and
     the turns between drops compute only their new message (counted by the engine, not timed)."""
-    proc = ServerProcess(tmp_path, more={"models": {"llm": {"max_seq_len": 512}}}).start()
+    proc = ServerProcess(tmp_path, more={"models": {"llm": {"max_seq_len": 384}}}).start()
     try:
         c = await started(proc)
         await c.wait_for("response.done")  # the greeting
         traces = []
-        for i in range(20):
+        for i in range(10):
             await c.send(type="input.text", text=f"Tell me one short fact about the number {i + 1}, please.")
             done = await c.wait_for("response.done", n=i + 2)
             traces.append(await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60))
