@@ -83,3 +83,16 @@ async def test_speech_soon_after_an_early_endpoint_joins_the_request(live_server
         assert all(d["interrupted"] for d in done if d["turn_id"] == early)
         trace = await c.wait_for("turn.trace", turn_id=final["turn_id"])
         assert trace["joins"] == early
+        # What the user heard of the early reply, on the client's clock (the audio streams at real time and the
+        # early reply's audio plays as it arrives): the pause less the reply's own latency (machine speed), plus
+        # how long the continuation took to stop it, which is the safety net's part and is what is asserted.
+        early_audio = c.of("audio", turn_id=early)
+        rate = c.of("session.ready")[0]["output_sample_rate"]
+        received_ms = 1000.0 * sum(len(m["pcm"]) for m in early_audio) / 2 / rate
+        clear = c.of("response.audio.clear", turn_id=early)
+        heard_ms = min(received_ms, clear[0]["audio_sent_ms"] - early_audio[0]["audio_sent_ms"]) if early_audio else 0.0
+        resumed_ms = LEAD_MS + 1000.0 * len(first) / corpus.ASR_RATE + 700.0  # the continuation's first sample
+        stopped_ms = clear[0]["audio_sent_ms"] - resumed_ms
+        print(f"\nheard of the early reply: {heard_ms:.0f} ms (received {received_ms:.0f} ms); stopped "
+              f"{stopped_ms:.0f} ms into the continuation")  # fmt: skip
+        assert stopped_ms <= 400.0, (stopped_ms, heard_ms)  # measured ~150 ms: the VAD hearing speech
