@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     stages = sub.add_parser("stages", help="serve the loaded stages over the OpenAI-compatible HTTP APIs (no voice sessions)")
     stages.add_argument("--host")
     stages.add_argument("--port", type=int)
+    stages.add_argument("--only", metavar="STAGES", help="serve only these stages, e.g. llm or asr,tts (default: all)")
     sub.add_parser("models", help="list each stage's model and where it is")
     chat = sub.add_parser("chat", help="text chat with the LLM engine in the terminal")
     chat.add_argument("--persona")
@@ -37,6 +38,8 @@ def _load(args: argparse.Namespace) -> AppConfig:
         overrides.append(f"server.host={args.host}")
     if getattr(args, "port", None) is not None:
         overrides.append(f"server.port={args.port}")
+    if getattr(args, "only", None):
+        overrides.append(f"server.stages=[{args.only}]")
     return load_config(args.config, overrides)
 
 

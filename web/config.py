@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from voice.trace import STAGES
 
@@ -163,7 +163,17 @@ class ServerConfig(_Strict):
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
+    # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
+    # `parley serve` loads every stage its sessions use, whatever this says
+    stages: tuple[Literal["asr", "llm", "tts"], ...] = ("asr", "llm", "tts")
     openai_voices: dict[str, str] = Field(default_factory=dict)  # OpenAI voice name -> a configured voice
+
+    @field_validator("stages")
+    @classmethod
+    def _some_stages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError("name each of asr, llm, tts at most once, and at least one")
+        return v
 
 
 class Persona(_Strict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +23,28 @@ from web.thread_budget import ThreadBudget, available_cores
 log = logging.getLogger(__name__)
 
 
+ALL_STAGES = frozenset({"asr", "llm", "tts"})
+
+
+class NotServed:
+    """The place of a stage this process was not asked to load (`parley stages --only ...`): the routes check
+    Runtime.served first, so any use of it is a bug, and says so (as an AttributeError, so that
+    `getattr(stage, name, default)` still answers the default)."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{self.stage} is not served by this process (server.stages), so it has no {name}")
+
+
 @dataclass
 class Runtime:
     stages: Stages
     engine: Any  # llm_engine Engine (or a fake with its shape); stopped by close(); None when the LLM is remote
     load_s: dict[str, float] = field(default_factory=dict)
     threads: ThreadBudget | None = None
+    served: frozenset[str] = ALL_STAGES  # of asr, llm, tts: what was loaded (`parley stages --only` loads fewer)
 
     def close(self) -> None:
         stop = getattr(self.engine, "stop", None)
@@ -122,8 +138,9 @@ def _voices(cfg: AppConfig, out_rate: int, threads: int = 0) -> dict[str, VoiceB
     return voices
 
 
-def load(cfg: AppConfig) -> Runtime:
-    """Load every model the config names; raises ModelNotFound / RuntimeError with a clear message."""
+def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
+    """Load the models the config names for `stages` (of asr, llm, tts; the VAD and the turn model always);
+    raises ModelNotFound / RuntimeError with a clear message."""
     from llm_engine.engine import Engine
     from voice.asr import WhisperTranscriber
     from voice.llm_bridge import LlmBridge
@@ -140,7 +157,9 @@ def load(cfg: AppConfig) -> Runtime:
     t0 = time.perf_counter()
     a = cfg.models.asr
     transcriber: Any
-    if a.backend == "openai":
+    if "asr" not in stages:
+        transcriber = NotServed("asr")
+    elif a.backend == "openai":
         from voice.remote.asr import RemoteTranscriber
 
         transcriber = RemoteTranscriber(remote_spec(a.remote))
@@ -155,7 +174,9 @@ def load(cfg: AppConfig) -> Runtime:
     m = cfg.models.llm
     engine: Any = None
     llm: Any
-    if m.backend == "openai":
+    if "llm" not in stages:
+        llm = NotServed("llm")
+    elif m.backend == "openai":
         from voice.remote.llm import RemoteLlm
 
         llm = RemoteLlm(remote_spec(m.remote))
@@ -178,7 +199,7 @@ def load(cfg: AppConfig) -> Runtime:
     times["llm"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    voices = _voices(cfg, output_sample_rate(cfg), budget.tts)
+    voices = _voices(cfg, output_sample_rate(cfg), budget.tts) if "tts" in stages else {}
     times["tts"] = time.perf_counter() - t0
 
     turn_model = None
@@ -189,11 +210,12 @@ def load(cfg: AppConfig) -> Runtime:
         turn_model = SmartTurn(resolve("turn", cfg.models.turn.source, allow_downloads=allow))
         times["turn"] = time.perf_counter() - t0
 
-    stages = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model,
+    loaded = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model,
                     runner=stage_runner(cfg, budget))  # fmt: skip
     log.info("threads on %d cores: engine %d, %d stage workers (%s), recognition %d and speech %d a job",
              budget.cores, budget.engine, budget.stage_workers, cfg.server.scheduling, budget.asr, budget.tts)
-    return Runtime(stages=stages, engine=engine, load_s=times, threads=budget)
+    times = {k: v for k, v in times.items() if k in stages or k in ("vad", "turn")}  # what was loaded
+    return Runtime(stages=loaded, engine=engine, load_s=times, threads=budget, served=frozenset(stages))
 
 
 def stage_runner(cfg: AppConfig, budget: ThreadBudget) -> Any:
@@ -213,7 +235,7 @@ def warm(runtime: Runtime) -> None:
     vad.speech_prob(np.zeros(int(16000 * vad.frame_ms / 1000), dtype=np.float32))
     rng = np.random.default_rng(0)
     # a remote stage is not warmed here: it may be down at start and come up later (each turn then says why)
-    if not _remote(stages.transcriber):
+    if "asr" in runtime.served and not _remote(stages.transcriber):
         stages.transcriber.transcribe((rng.standard_normal(16000) * 0.01).astype(np.float32))
     if runtime.engine is not None:
         for _ in runtime.engine.submit(_warm_request()):
@@ -235,13 +257,13 @@ def _remote(stage: object) -> bool:
     return isinstance(getattr(stage, "spec", None), RemoteSpec)
 
 
-def load_and_warm(cfg: AppConfig) -> Runtime:
+def load_and_warm(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
     """load() then warm() on a thread of their own that exits before this returns (their errors re-raised),
     so the engine thread's OpenMP pool is the only one while serving (see llm_engine.threads)."""
     from llm_engine.threads import on_own_thread
 
     def load_warmed() -> Runtime:
-        runtime = load(cfg)
+        runtime = load(cfg, stages=stages)
         warm(runtime)
         return runtime
 

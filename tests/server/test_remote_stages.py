@@ -1,6 +1,8 @@
 """Past one machine, for real: `parley serve` with recognition, the LLM and the voice all `backend: openai`,
-pointed at a `parley stages` process on loopback. A spoken question is answered end to end; with the stage server
-killed the client is told why and the session lives; after a restart the next turn is answered."""
+pointed at stage servers on loopback, one per stage as deploy/ runs them (`parley stages --only llm` for the LLM,
+one `--only asr,tts` for the rest, which also shows that a stage server may hold several). A spoken question is
+answered end to end; with the LLM's stage server killed the client is told why and the session lives; after a
+restart the next turn is answered."""
 from __future__ import annotations
 
 import socket
@@ -29,18 +31,23 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     root = tmp_path_factory.mktemp("split")
-    port = free_port()  # fixed, so the stage server comes back where the front end looks for it
-    stages = ServerProcess(root / "stages", command="stages", port=port).start()
-    remote = {"base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": KEY_ENV, "timeout_s": 20}
-    more = {"models": {"asr": {"backend": "openai", "remote": remote}, "llm": {"backend": "openai", "remote": remote}},
-            "voices": {"joe": {"backend": "openai", "remote": remote, "speaker": "joe"}}}  # fmt: skip
-    front = ServerProcess(root / "front", env={KEY_ENV: TOKEN}, more=more)
+    port = free_port()  # fixed, so the LLM's stage server comes back where the front end looks for it
+    llm = ServerProcess(root / "llm", command="stages", port=port, stages=["llm"])
+    speech = ServerProcess(root / "speech", command="stages", stages=["asr", "tts"])
+    front = None
     try:
-        front.start()
-        yield stages, front
+        llm.start()
+        speech.start()
+        to_llm = {"base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": KEY_ENV, "timeout_s": 20}
+        to_speech = {**to_llm, "base_url": f"http://127.0.0.1:{speech.port}/v1"}
+        more = {"models": {"asr": {"backend": "openai", "remote": to_speech}, "llm": {"backend": "openai", "remote": to_llm}},
+                "voices": {"joe": {"backend": "openai", "remote": to_speech, "speaker": "joe"}}}  # fmt: skip
+        front = ServerProcess(root / "front", env={KEY_ENV: TOKEN}, more=more).start()
+        yield llm, front
     finally:
-        front.stop()
-        stages.stop()
+        for proc in (front, speech, llm):
+            if proc is not None:
+                proc.stop()
 
 
 def spoken(text: str) -> np.ndarray:
@@ -70,7 +77,7 @@ async def test_a_spoken_question_through_remote_stages_and_a_stage_server_that_g
         trace = await c.wait_for("turn.trace", turn_id=final["turn_id"])
         assert trace["stages_ms"]["llm_ttft"] > 0 and "asr" in trace["stages_ms"]  # the remote stages, timed
 
-        stages.stop()  # the stage server dies mid-session
+        stages.stop()  # the LLM's stage server dies mid-session
         await c.stream(spoken(corpus.REQUESTS[1]))
         error = await c.wait_for("error", timeout_s=120)
         assert error["code"] in ("stage_failed", "reply_failed") and not error["fatal"]

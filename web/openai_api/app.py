@@ -4,8 +4,9 @@ with server.openai_api). Errors, including validation errors, come in OpenAI's s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +31,28 @@ def voice_aliases(cfg: AppConfig) -> dict[str, str]:
     return {**{name: default for name in OPENAI_VOICES}, **cfg.server.openai_voices}
 
 
-def model_ids(cfg: AppConfig) -> dict[str, str]:
-    """What /v1/models lists: the LLM first (a chat request's default model name), then the recogniser."""
+KIND = {"llm": "chat", "asr": "transcription", "tts": "speech"}  # a stage -> what /v1/models calls it
+
+
+def model_ids(cfg: AppConfig, served: Collection[str] = rt.ALL_STAGES) -> dict[str, str]:
+    """What /v1/models lists of the `served` stages: the LLM first (a chat request's default model name), then
+    the recogniser, then the voices."""
     def name(source: str, fallback: str) -> str:
         return fallback if source == "embedded" else Path(source).name
 
     m = cfg.models
-    return {name(m.llm.source, "parley-llm"): "chat", name(m.asr.source, "parley-whisper"): "transcription",
-            "parley-tts": "speech"}  # fmt: skip
+    ids = {"llm": name(m.llm.source, "parley-llm"), "asr": name(m.asr.source, "parley-whisper"), "tts": "parley-tts"}
+    return {ids[stage]: KIND[stage] for stage in ids if stage in served}
 
 
 def _error(status: int, body: dict[str, Any]) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def mount(app: FastAPI, cfg: AppConfig, runtime: Callable[[], rt.Runtime]) -> None:
-    app.include_router(chat.router(runtime, model_ids(cfg)))
-    app.include_router(audio.router(runtime, voice_aliases(cfg)))
+def mount(app: FastAPI, cfg: AppConfig, runtime: Callable[[], rt.Runtime], served: Collection[str] = rt.ALL_STAGES) -> None:
+    """served: the stages these routes answer for; a route of another stage says so (404, `stage_not_served`)."""
+    app.include_router(chat.router(runtime, model_ids(cfg, served), served))
+    app.include_router(audio.router(runtime, voice_aliases(cfg), served))
 
     async def api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -68,13 +74,14 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
     """`parley stages`: the loaded stages behind the OpenAI-compatible routes, /healthz and /metrics; no /ws.
     A runtime handed in stays its caller's to close; one loaded here is closed with the app."""
     holder: dict[str, rt.Runtime] = {} if runtime is None else {"runtime": runtime}
+    served = frozenset(cfg.server.stages)
     metrics = Metrics(None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = "runtime" not in holder
         if owned:
-            holder["runtime"] = await asyncio.to_thread(load or rt.load_and_warm, cfg)
+            holder["runtime"] = await asyncio.to_thread(load or partial(rt.load_and_warm, stages=served), cfg)
         try:
             yield
         finally:
@@ -95,9 +102,10 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
         r = holder.get("runtime")
         body: dict[str, Any] = {"status": "ok" if r else "loading", "models_loaded": r is not None}
         if r is not None:
-            body |= {"engine_slots": r.stages.llm.active_slots(), "tts_active": r.stages.tts_work.active,
-                     "load_s": {k: round(v, 2) for k, v in r.load_s.items()},
-                     "llm_decode": getattr(r.engine, "decode_path", None)}  # fmt: skip
+            body |= {"stages": sorted(r.served), "tts_active": r.stages.tts_work.active,
+                     "load_s": {k: round(v, 2) for k, v in r.load_s.items()}}  # fmt: skip
+            if "llm" in r.served:
+                body |= {"engine_slots": r.stages.llm.active_slots(), "llm_decode": getattr(r.engine, "decode_path", None)}
         return JSONResponse(body, status_code=200 if r else 503)
 
     @app.get("/metrics")
@@ -105,9 +113,11 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
         gauges: dict[str, float] = {}
         counters: dict[str, tuple[float, str]] = {}
         if (r := holder.get("runtime")) is not None:
-            gauges = {"parley_engine_active_slots": r.stages.llm.active_slots(), "parley_tts_active": r.stages.tts_work.active}
-            counters = stage_counters(r.stages.llm)
+            gauges = {"parley_tts_active": r.stages.tts_work.active}
+            if "llm" in r.served:
+                gauges["parley_engine_active_slots"] = r.stages.llm.active_slots()
+                counters = stage_counters(r.stages.llm)
         return PlainTextResponse(metrics.render(gauges, counters), media_type="text/plain; version=0.0.4")
 
-    mount(app, cfg, current)
+    mount(app, cfg, current, served)
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from voice.audio import float_to_pcm16, resample
 from voice.reply import VoiceBinding, WorkCounter
 from voice.tts_stream import synthesize_async
-from web.openai_api.schema import ApiError, SpeechRequest
+from web.openai_api.schema import ApiError, SpeechRequest, require_stage
 from web.protocol import clip
 from web.runtime import Runtime
 
@@ -59,7 +59,8 @@ def _decode_av(data: bytes) -> np.ndarray:
         raise ApiError(400, f"file: cannot decode the audio ({type(exc).__name__})", param="file") from None
 
 
-def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str]) -> APIRouter:
+def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str], served: Collection[str]) -> APIRouter:
+    """served: the stages this process serves (transcriptions need `asr`, speech `tts`)."""
     api = APIRouter()
 
     @api.post("/v1/audio/transcriptions", response_model=None)
@@ -67,6 +68,7 @@ def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str]) -> APIRou
         file: UploadFile = File(...), model: str = Form(""), response_format: str = Form("json"),
         language: str | None = Form(None), prompt: str | None = Form(None), temperature: float = Form(0.0),
     ) -> JSONResponse | PlainTextResponse:  # fmt: skip
+        require_stage(served, "asr")
         if response_format not in ("json", "text", "verbose_json"):
             raise ApiError(400, "response_format: one of json, text, verbose_json", param="response_format")
         data = await file.read(MAX_UPLOAD_BYTES + 1)
@@ -90,6 +92,7 @@ def router(runtime: Callable[[], Runtime], aliases: Mapping[str, str]) -> APIRou
 
     @api.post("/v1/audio/speech")
     async def speech(body: SpeechRequest) -> StreamingResponse:
+        require_stage(served, "tts")
         stages = runtime().stages
         voices = stages.voices
         name = body.voice_name()

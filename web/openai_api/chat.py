@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import aclosing
 from typing import Any
 
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
-from web.openai_api.schema import ApiError, ChatRequest
+from web.openai_api.schema import ApiError, ChatRequest, require_stage
 from web.runtime import Runtime
 
 SESSION_HEADER = "x-parley-session"
@@ -49,8 +49,9 @@ def _usage(fin: LlmFinish) -> dict[str, int]:
             "prompt_tokens_details": {"cached_tokens": fin.reused_tokens}}  # fmt: skip
 
 
-def router(runtime: Callable[[], Runtime], model_ids: dict[str, str]) -> APIRouter:
-    """model_ids: what GET /v1/models lists, {id: kind}. Any model name is accepted: one LLM is served."""
+def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Collection[str]) -> APIRouter:
+    """model_ids: what GET /v1/models lists, {id: kind}. Any model name is accepted: one LLM is served.
+    served: the stages this process serves (chat completions need `llm`)."""
     api = APIRouter()
 
     @api.get("/v1/models")
@@ -60,6 +61,7 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str]) -> APIRout
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> JSONResponse | StreamingResponse:
+        require_stage(served, "llm")
         engine = runtime().engine
         if engine is None:
             raise ApiError(501, "this server's LLM is itself remote (models.llm.backend: openai)", type="server_error")

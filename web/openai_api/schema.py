@@ -5,6 +5,7 @@ whose value Parley cannot honour (n > 1, tools) is a 400 naming it rather than a
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 from fastapi import HTTPException
@@ -21,6 +22,16 @@ class ApiError(HTTPException):
                  code: str | None = None) -> None:  # fmt: skip
         super().__init__(status, message)
         self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+STAGE_WORDS = {"asr": "speech recognition", "llm": "chat completions", "tts": "speech synthesis"}
+
+
+def require_stage(served: Collection[str], stage: str) -> None:
+    """A route of a stage this process does not serve (`parley stages --only`): 404 in OpenAI's shape."""
+    if stage not in served:
+        raise ApiError(404, f"this server does not serve {STAGE_WORDS[stage]} (it serves: {', '.join(sorted(served))}; "
+                            "server.stages)", code="stage_not_served")  # fmt: skip
 
 
 class _Wire(BaseModel):
