@@ -23,7 +23,7 @@ from web import cli
 from web.app import create_app
 from web.config import DEFAULT_CONFIG, AppConfig, ConfigError, load_config
 from web.limits import origin_allowed
-from web.openai_api.app import create_stages_app, voice_aliases
+from web.openai_api.app import KIND, create_stages_app, voice_aliases
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -540,9 +540,12 @@ def app_for(proc: Proc) -> TestClient:
 # -- the checks ------------------------------------------------------------------------------------------------------
 
 
-def test_every_topology_has_a_stage_server_and_replicated_front_ends(topo: Topology) -> None:
+def test_every_topology_has_a_stage_server_per_stage_and_replicated_front_ends(topo: Topology) -> None:
     fronts, stages = topo.parley("serve"), topo.parley("stages")
-    assert len(stages) == 1 and fronts, topo.procs
+    assert stages and fronts, topo.procs
+    served = [s for p in stages if p.cfg is not None for s in p.cfg.server.stages]
+    assert all(p.cfg is not None and len(p.cfg.server.stages) == 1 for p in stages), "one stage server per stage"
+    assert sorted(served) == sorted(set(served)), f"{topo.name}: a stage served twice: {served}"
     assert sum(p.replicas for p in fronts) >= 2, "the front ends are meant to be replicated"
     assert topo.public, f"{topo.name}: no front door"
     for p in topo.parley():
@@ -560,8 +563,10 @@ def test_parley_processes_load_with_the_expected_backends(topo: Topology) -> Non
     for p in topo.parley("stages"):
         cfg = p.cfg
         assert cfg is not None
-        assert cfg.models.asr.backend == "local" and cfg.models.llm.backend == "local", p.name
-        assert all(v.backend != "openai" for v in cfg.voices.values()), p.name
+        served = cfg.server.stages
+        assert "asr" not in served or cfg.models.asr.backend == "local", p.name
+        assert "llm" not in served or cfg.models.llm.backend == "local", p.name
+        assert "tts" not in served or all(v.backend != "openai" for v in cfg.voices.values()), p.name
 
 
 def test_tokens_are_set_and_come_from_the_environment(topo: Topology) -> None:
@@ -629,9 +634,14 @@ def test_remote_stages_name_a_service_that_listens_and_accepts_the_front_end(top
                 assert key == vllm_key, f"{where}: not vLLM's key"
             else:
                 assert target.kind == "parley" and target.command == "stages", f"{where}: {target.name} is not a stage server"
-                # the real stage server app: the Host the front end sends and its key must get through
+                assert target.cfg is not None
+                need = "tts" if speaker is not None else stage
+                assert need in target.cfg.server.stages, f"{where}: {target.name} serves {target.cfg.server.stages}, not {need}"
+                # the real stage server app: the Host the front end sends and its key must get through, and it
+                # lists a model of that stage
                 r = app_for(target).get("/v1/models", headers={"host": u.netloc, "authorization": f"Bearer {key}"})
                 assert r.status_code == 200, f"{where}: the stage server answers {r.status_code} (Host {u.netloc}): {r.text}"
+                assert KIND[need] in {m["owned_by"].removeprefix("parley (").rstrip(")") for m in r.json()["data"]}, r.text
                 if speaker is not None:
                     assert target.cfg is not None
                     known = {*target.cfg.voices, *voice_aliases(target.cfg)}
