@@ -149,6 +149,22 @@ async def test_transcription_of_a_spoken_clip(client):
     verbose = await client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", buf.getvalue()),
                                                        response_format="verbose_json")  # fmt: skip
     assert verbose.text == heard[-1] and verbose.duration == pytest.approx(len(audio) / rate, abs=0.05)
+    plain = await client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", buf.getvalue()), response_format="text")
+    assert isinstance(plain, str) and plain.strip() == heard[-1].strip()
+
+
+async def test_sampling_with_a_seed_repeats_and_top_p_one_token_is_greedy(client):
+    """temperature/top_p/seed reach the engine's sampler: the same seed gives the same sampled reply; a top_p so
+    small that only the likeliest token is left gives the greedy reply whatever the temperature."""
+    sampled = [await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16, temperature=1.2,
+                                                    seed=seed) for seed in (7, 7, 8, 9, 10)]  # fmt: skip
+    texts = [r.choices[0].message.content for r in sampled]
+    assert texts[0] == texts[1], texts
+    assert len(set(texts)) > 1, texts  # the seed is what repeats it: other seeds sample other replies
+    greedy = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16, temperature=0)
+    narrow = await client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16, temperature=1.5,
+                                                  top_p=1e-6, seed=3)  # fmt: skip
+    assert narrow.choices[0].message.content == greedy.choices[0].message.content
 
 
 async def test_speech_is_streamed_at_24_khz_and_heard_back(client):
@@ -167,6 +183,9 @@ async def test_speech_is_streamed_at_24_khz_and_heard_back(client):
     wav = await client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.", response_format="wav")
     decoded, rate = sf.read(io.BytesIO(wav.content))
     assert rate == 24000 and len(decoded) > 0.3 * rate
+    fast = await client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.", response_format="wav", speed=2.0)
+    quick, _ = sf.read(io.BytesIO(fast.content))
+    assert len(quick) < 0.75 * len(decoded), (len(quick), len(decoded))  # speed 2 speaks it faster
 
 
 def _wav(audio: np.ndarray, rate: int) -> bytes:
