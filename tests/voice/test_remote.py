@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -52,3 +53,41 @@ def test_a_remote_recogniser_is_asked_for_finals_only(nobody: RemoteSpec) -> Non
     stt = StreamingTranscriber(RemoteTranscriber(nobody), partial_interval_ms=100)
     stt.append(np.zeros(32000, dtype=np.float32))
     assert not stt.partial_due()
+
+
+class Silent:
+    """A loopback server that accepts connections and never answers: counts how many were opened."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.accepted.append(conn)
+
+    @property
+    def spec(self) -> RemoteSpec:
+        return RemoteSpec(f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1", timeout_s=0.5)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_server_that_never_answers_times_out_after_one_retry() -> None:
+    """timeout_s bounds each try; a stage tries twice (one retry), then one error names the server."""
+    silent = Silent()
+    try:
+        with pytest.raises(RemoteStageError, match=f"ASR server {silent.spec.base_url}"):
+            RemoteTranscriber(silent.spec).transcribe(np.zeros(16000, dtype=np.float32))
+        assert len(silent.accepted) == 2  # the first try and its one retry
+    finally:
+        silent.close()
