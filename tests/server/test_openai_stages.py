@@ -115,6 +115,39 @@ async def test_four_concurrent_streams_and_a_client_that_leaves_frees_its_slot(c
     assert prompt <= len(last.tokens) < prompt + 100  # cancelled a few tokens in, not run to 400
 
 
+async def test_a_remote_llm_reply_cancelled_mid_stream_frees_the_stage_server_s_slot(stages_url, live_server, monkeypatch):
+    """A barge-in on a reply from a remote LLM (voice.remote.llm, as the session reads it): the reply's task is
+    cancelled, closing the call closes the stream, and the stage server cancels the generation and frees its slot."""
+    from contextlib import aclosing
+
+    from voice.llm_bridge import LlmToken
+    from voice.remote.client import RemoteSpec
+    from voice.remote.llm import RemoteLlm
+
+    monkeypatch.setenv("PARLEY_TEST_STAGES_KEY", TOKEN)
+    llm = RemoteLlm(RemoteSpec(stages_url, api_key_env="PARLEY_TEST_STAGES_KEY"))
+    engine = live_server.runtime.engine
+    speaking = asyncio.Event()
+
+    async def reply() -> None:
+        call = llm.generate("barge-in", [("user", "Write a very long story about a dragon.")], max_new_tokens=400)
+        async with aclosing(call):
+            async for event in call:
+                if isinstance(event, LlmToken):
+                    speaking.set()
+
+    task = asyncio.create_task(reply())
+    await asyncio.wait_for(speaking.wait(), 60)
+    assert any(s.busy for s in engine.slots.slots) and llm.active_slots() == 1
+    task.cancel()  # the barge-in
+    await asyncio.gather(task, return_exceptions=True)
+    assert llm.active_slots() == 0
+    deadline = time.monotonic() + 10
+    while any(s.busy for s in engine.slots.slots):
+        assert time.monotonic() < deadline, "the stage server still generates a reply whose stream was closed"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_wrong_token_and_bad_requests_are_answered_in_openai_s_shape(stages_url):
     wrong = openai.AsyncOpenAI(base_url=stages_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as err:
