@@ -1,6 +1,7 @@
-"""Voice stage benchmark on this machine: ASR accuracy/speed/final latency, TTS first-chunk time and RTF, VAD cost.
+"""Voice stage benchmark on this machine: ASR accuracy/speed/final latency, TTS first-chunk time and RTF, VAD cost;
+with --asr-batch, several sessions' finals recognised one at a time vs in one batch (voice.asr.transcribe_batch).
 
-Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/voice.py [--quick]
+Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/voice.py [--quick] [--asr-batch]
 """
 from __future__ import annotations
 
@@ -95,15 +96,43 @@ def bench_vad(audio: np.ndarray) -> None:
     table("VAD (CPU)", ["backend", "frame ms", "ms per frame", "RTF"], rows)
 
 
+def bench_asr_batch(clips: list[np.ndarray], sizes: tuple[int, ...] = (2, 4), rounds: int = 5) -> None:
+    """What the scheduler does when finals of several sessions wait at once: one batch instead of one by one."""
+    asr = WhisperTranscriber(find_embedded("asr"))
+    asr.transcribe(clips[0])  # warm-up
+    rows = []
+    for b in sizes:
+        one, batch, same = [], [], True
+        for r in range(rounds):
+            group = [clips[(r * b + i) % len(clips)] for i in range(b)]
+            t0 = time.perf_counter()
+            alone = [asr.transcribe(a).text for a in group]
+            one.append(1000.0 * (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            together = [t.text for t in asr.transcribe_batch(group)]
+            batch.append(1000.0 * (time.perf_counter() - t0))
+            same = same and together == alone
+        p50_one, p50_batch = statistics.median(one), statistics.median(batch)
+        rows.append([b, rounds, p50_one, p50_batch, p50_one / p50_batch, "yes" if same else "no"])
+    table("ASR finals waiting together (tiny.en): one at a time vs one batch, whole group, ms",
+          ["finals", "rounds", "one at a time p50", "batch p50", "speed-up", "same text"], rows)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="8 requests instead of the whole corpus")
     parser.add_argument("--head-start-ms", type=float, default=TurnPolicy().turn_check_ms - TurnPolicy().ahead_silence_ms,
                         help="how long before the end-of-turn check the final recognition starts (default: the shipped policy's)")
+    parser.add_argument("--asr-batch", action="store_true", help="only the table of finals batched across sessions")
+    parser.add_argument("--tiny", action="store_true", help="with --asr-batch: one round of two (a smoke test)")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (1 min) - numbers are only comparable at low load")
     texts = corpus.REQUESTS[:8] if args.quick else corpus.REQUESTS
+    if args.asr_batch:
+        clips = [corpus.to_16k(*corpus.speak_piper(t)) for t in texts[: 2 if args.tiny else 8]]
+        bench_asr_batch(clips, (2,), 1) if args.tiny else bench_asr_batch(clips)
+        return
     voices = {
         "piper": [corpus.to_16k(*corpus.speak_piper(t)) for t in texts],
         "flite": [corpus.to_16k(*corpus.speak_flite(t)) for t in texts],

@@ -142,3 +142,11 @@ def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert [row[0] for row in result["conversation"]] == ["1-5", "6-10"]
     assert all(float(row[1]) > 0 for row in result["conversation"]) and result["cycle_ms"] > 0
     assert "connect/disconnect cycles" in proc.stdout
+
+
+def test_voice_asr_batch_tiny() -> None:
+    """bench/voice.py --asr-batch: the finals-batched-across-sessions table, one round of two."""
+    proc = run_script("voice.py", "--asr-batch", "--tiny")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 ")]
+    assert float(row[2]) > 0 and float(row[3]) > 0 and row[-1] == "yes", row  # timed, and the same transcripts
