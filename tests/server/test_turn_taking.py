@@ -90,6 +90,7 @@ async def test_speech_soon_after_an_early_endpoint_joins_the_request(live_server
         rate = c.of("session.ready")[0]["output_sample_rate"]
         received_ms = 1000.0 * sum(len(m["pcm"]) for m in early_audio) / 2 / rate
         clear = c.of("response.audio.clear", turn_id=early)
+        assert clear, c.types()  # the early reply was stopped as a barge-in is
         heard_ms = min(received_ms, clear[0]["audio_sent_ms"] - early_audio[0]["audio_sent_ms"]) if early_audio else 0.0
         resumed_ms = LEAD_MS + 1000.0 * len(first) / corpus.ASR_RATE + 700.0  # the continuation's first sample
         stopped_ms = clear[0]["audio_sent_ms"] - resumed_ms
