@@ -130,8 +130,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (1 min) - numbers are only comparable at low load")
     texts = corpus.REQUESTS[:8] if args.quick else corpus.REQUESTS
     if args.asr_batch:
-        clips = [corpus.to_16k(*corpus.speak_piper(t)) for t in texts[: 2 if args.tiny else 8]]
-        bench_asr_batch(clips, (2,), 1) if args.tiny else bench_asr_batch(clips)
+        sizes, rounds = ((2,), 1) if args.tiny else ((2, 4), 5)
+        bench_asr_batch([corpus.to_16k(*corpus.speak_piper(t)) for t in texts[: max(sizes) * 2]], sizes, rounds)
         return
     voices = {
         "piper": [corpus.to_16k(*corpus.speak_piper(t)) for t in texts],

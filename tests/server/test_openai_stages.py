@@ -89,6 +89,15 @@ async def test_a_continued_conversation_reuses_the_cache_by_user_and_by_prefix(c
     assert anon.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens - 5
 
 
+async def slots_freed(engine, why: str, timeout_s: float = 10.0) -> None:
+    """Until every engine slot is free (the engine thread frees a cancelled one between its steps); fails with
+    `why` after timeout_s, a safety net rather than a speed bound."""
+    deadline = time.monotonic() + timeout_s
+    while any(s.busy for s in engine.slots.slots):
+        assert time.monotonic() < deadline, why
+        await asyncio.sleep(0.01)
+
+
 async def test_four_concurrent_streams_and_a_client_that_leaves_frees_its_slot(client, live_server):
     engine = live_server.runtime.engine
     expected = in_process(engine, 16)
@@ -106,10 +115,7 @@ async def test_four_concurrent_streams_and_a_client_that_leaves_frees_its_slot(c
             break
     assert any(s.busy for s in engine.slots.slots)
     await stream.close()  # the client leaves mid-stream
-    deadline = time.monotonic() + 10
-    while any(s.busy for s in engine.slots.slots):
-        assert time.monotonic() < deadline, "the slot of a stream whose client left is still busy"
-        await asyncio.sleep(0.01)
+    await slots_freed(engine, "the slot of a stream whose client left is still busy")
     prompt = len(engine.tokenizer.apply_chat_template([ChatMessage("user", long[0]["content"])]))
     last = max(engine.slots.slots, key=lambda s: s.last_used)
     assert prompt <= len(last.tokens) < prompt + 100  # cancelled a few tokens in, not run to 400
@@ -142,10 +148,7 @@ async def test_a_remote_llm_reply_cancelled_mid_stream_frees_the_stage_server_s_
     task.cancel()  # the barge-in
     await asyncio.gather(task, return_exceptions=True)
     assert llm.active_slots() == 0
-    deadline = time.monotonic() + 10
-    while any(s.busy for s in engine.slots.slots):
-        assert time.monotonic() < deadline, "the stage server still generates a reply whose stream was closed"
-        await asyncio.sleep(0.01)
+    await slots_freed(engine, "the stage server still generates a reply whose stream was closed")
 
 
 async def test_a_wrong_token_and_bad_requests_are_answered_in_openai_s_shape(stages_url):
