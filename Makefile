@@ -13,13 +13,13 @@ setup-test:
 	@scripts/setup.sh test
 
 run: setup
-	@$(PY) -m web.cli serve $(ARGS)
+	@$(PY) -m parley.cli serve $(ARGS)
 
 test: setup-test
 	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 models: setup
-	@$(PY) -m web.cli models
+	@$(PY) -m parley.cli models
 
 clean:
 	rm -rf .venv .pytest_cache

@@ -1,6 +1,6 @@
 """Spoken test corpus for every suite: everyday requests voiced by Piper, flite and espeak-ng, plus WER.
 
-Test helper only (imports web.locate to find the embedded voice); library code never imports it.
+Test helper only (imports parley.locate to find the embedded voice); library code never imports it.
 Every function returns float32 mono in [-1, 1] with its sample rate; `to_16k` brings it to the ASR rate.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ REPLY = REPLIES[0]
 def _piper_voice():  # -> piper.PiperVoice; cached because loading costs ~0.4 s
     from piper import PiperVoice
 
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     return PiperVoice.load(find_embedded("tts"))
 

@@ -2,7 +2,7 @@
 
 Every decision about who holds the floor is made by voice.turntaking; this is the async shell that runs what it
 asks for: the Listener hears, a Reply speaks, the LLM bridge writes. Knows nothing of sockets, JSON or config
-files (web/ builds its settings and stages). The wire protocol and trace: docs/protocol.md.
+files (parley.runtime builds its settings and stages). The wire protocol and trace: docs/protocol.md.
 """
 from __future__ import annotations
 

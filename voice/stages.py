@@ -1,6 +1,6 @@
 """What a session is made of: the loaded stages every session shares, the settings from the config, a persona.
 
-Frozen values built once by web/ (web.runtime) and handed to each Session; no behaviour here.
+Frozen values built once by parley.runtime and handed to each Session; no behaviour here.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class SessionSettings:
     audio_lead_ms: float = 1000.0
     greet: bool = True  # speak the persona's greeting at start and on a persona switch
     warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
-    history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (web.runtime)
+    history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (parley.runtime)
     history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
 
 

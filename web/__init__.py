@@ -1,1 +1,1 @@
-"""Parley edge: FastAPI app, wire protocol, config loading, model locator, CLI and clients."""
+"""The server: FastAPI routes, the /ws and Realtime sockets, the OpenAI-compatible HTTP APIs, the browser client."""

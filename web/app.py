@@ -7,7 +7,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,62 +14,19 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from voice.session import Session
-from voice.stages import PersonaSpec, SessionSettings, Stages
-from web import runtime as rt
-from web.config import AppConfig
+from voice.stages import SessionSettings, Stages
+from parley import runtime as rt
+from parley.config import AppConfig
 from web.guard import Guard
-from web.admission import Admission
 from web.metrics import Metrics, scheduler_exposition, stage_counters
-from web.thread_budget import available_cores
 from web.realtime.endpoint import handle_realtime
+from web.state import AppState
 from web.ws import handle
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
 _SESSION_CODE = ("Session.", "Listener.", "Reply.", "Connection.", "RealtimeConnection.", "LlmBridge.")
-
-
-@dataclass
-class AppState:
-    cfg: AppConfig
-    metrics: Metrics
-    settings: SessionSettings
-    personas: dict[str, PersonaSpec]
-    runtime: rt.Runtime | None = None
-    sessions: dict[str, Session] = field(default_factory=dict)
-    connections: int = 0  # accepted sockets, started or not
-    pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
-    live: set[Any] = field(default_factory=set)  # every ws.Connection
-
-    @property
-    def stages(self) -> Stages:
-        assert self.runtime is not None, "models are not loaded"
-        return self.runtime.stages
-
-    def admission(self) -> Admission:
-        server = self.cfg.server
-        cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
-        return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms,
-                                     server.admit_v2v_ratio, self.cfg.budgets_ms.get("voice_to_voice"))  # fmt: skip
-
-    def drop_session(self, session_id: str) -> None:
-        """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""
-        self.sessions.pop(session_id, None)
-        if not self.sessions:
-            self.metrics.forget_recent()
-            if self.runtime is not None:
-                self.runtime.stages.runner.forget_recent()
-
-    def refusal(self) -> str | None:
-        """Why the server takes no new session now (web.admission), or None."""
-        n = len(self.sessions)
-        if n >= self.cfg.server.max_sessions:
-            return f"the server already has {self.cfg.server.max_sessions} sessions"
-        runner = self.runtime.stages.runner if self.runtime is not None else None
-        return self.admission().refusal(n, runner.recent_wait_ms() if runner is not None else None,
-                                        self.metrics.recent_v2v_p95())  # fmt: skip
 
 
 def _session_tasks() -> int:

@@ -12,7 +12,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-from web.config import TRACE_STAGES
+from parley.config import TRACE_STAGES
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -21,9 +21,8 @@ from voice.session import InputError, Session
 from voice.trace import TurnTrace, now_ns
 from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
+from web.state import AppState
 
-if TYPE_CHECKING:
-    from web.app import AppState
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ class _Closed(Exception):
     """The connection is over (client left, fatal error, idle): unwinds the connection's task group."""
 
 
-async def handle(ws: WebSocket, state: "AppState") -> None:
+async def handle(ws: WebSocket, state: AppState) -> None:
     """One connection from handshake to close."""
     server = state.cfg.server
     origin = ws.headers.get("origin")
@@ -66,7 +65,7 @@ async def handle(ws: WebSocket, state: "AppState") -> None:
         state.connections -= 1
 
 
-async def drain(state: "AppState", grace_s: float) -> None:
+async def drain(state: AppState, grace_s: float) -> None:
     """SIGTERM: every connection's running reply may finish (up to `grace_s`); then each client is told and closed."""
     await asyncio.gather(*(c.shut_down(grace_s) for c in list(state.live)))
 
@@ -102,7 +101,7 @@ async def _safe_close(ws: WebSocket, code: int) -> None:
 
 
 class Connection:
-    def __init__(self, ws: WebSocket, state: "AppState") -> None:
+    def __init__(self, ws: WebSocket, state: AppState) -> None:
         self.ws = ws
         self.state = state
         self.limits = state.cfg.server

@@ -31,7 +31,7 @@ measured: dict[str, float] = {}  # mic-to-ear of the first spoken turn, to place
 def real_server(tmp: Path) -> ServerProcess:
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "web.cli", "--set", f"server.port={port}", "--set", f"server.trace_log={tmp / 'traces.jsonl'}",
+    argv = [sys.executable, "-m", "parley.cli", "--set", f"server.port={port}", "--set", f"server.trace_log={tmp / 'traces.jsonl'}",
             "--set", f"server.allowed_origins={json.dumps([origin])}", "serve"]  # fmt: skip
     return ServerProcess(argv, port, tmp / "server.log", ready_timeout_s=240)
 

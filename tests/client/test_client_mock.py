@@ -11,10 +11,10 @@ from rich.console import Console
 
 from client_mock_server import MockState, port_of, start_mock
 from conftest import speechlike, wait_for
-from web.client.app import ClientOptions, DesktopClient
-from web.client.audio_io import ArrayAudioIO
-from web.client.connection import ConnectError, Connection, backoff_s, ws_url
-from web.client.tui import latency_table
+from desktop.app import ClientOptions, DesktopClient
+from desktop.audio_io import ArrayAudioIO
+from desktop.connection import ConnectError, Connection, backoff_s, ws_url
+from desktop.tui import latency_table
 
 
 def make_client(port: int, **kw: object) -> tuple[DesktopClient, ArrayAudioIO]:
@@ -198,7 +198,7 @@ def test_file_backed_audio_io_plays_a_wav_and_saves_the_speaker(tmp_path) -> Non
 
     import soundfile as sf
 
-    from web.client.audio_io import file_audio_io, save_played
+    from desktop.audio_io import file_audio_io, save_played
 
     sf.write(tmp_path / "mic.wav", np.stack([speechlike(0.2, 8000)] * 2, axis=1), 8000)  # stereo, 8 kHz
     io = file_audio_io(tmp_path / "mic.wav", input_rate=16000, output_rate=16000, echo_gain=0.5, echo_delay_ms=40)

@@ -24,10 +24,10 @@ from rich.console import Console
 
 import audio_corpus as corpus
 from conftest import wait_for
-from web import desktop
-from web.client.app import ClientOptions, DesktopClient
-from web.client.audio_io import ArrayAudioIO
-from web.client.tui import latency_table
+from desktop import main as client_cli
+from desktop.app import ClientOptions, DesktopClient
+from desktop.audio_io import ArrayAudioIO
+from desktop.tui import latency_table
 
 pytestmark = pytest.mark.slow
 OUT_RATE = 44100  # the fake speaker's rate: the client resamples the server's 22.05 kHz to it
@@ -40,7 +40,7 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m web.cli serve` on a fixed port, so a restarted server is found at the same address."""
+    """`python -m parley.cli serve` on a fixed port, so a restarted server is found at the same address."""
 
     def __init__(self, workdir: Path) -> None:
         self.port = _free_port()
@@ -52,7 +52,7 @@ class ServerProcess:
     def start(self, timeout_s: float = 180.0) -> None:
         self.starts += 1
         log = open(self.workdir / f"server{self.starts}.log", "wb")
-        cmd = [sys.executable, "-m", "web.cli", "--set", f"server.port={self.port}",
+        cmd = [sys.executable, "-m", "parley.cli", "--set", f"server.port={self.port}",
                "--set", f"server.trace_log={self.trace_log}", "serve"]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -85,7 +85,7 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    pytest.importorskip("web.server")
+    pytest.importorskip("parley.server")
     proc = ServerProcess(tmp_path_factory.mktemp("parley-server"))
     proc.start()
     try:
@@ -122,7 +122,7 @@ async def heard_greeting(client: DesktopClient) -> None:
 async def test_spoken_turn_and_latency_table(server: ServerProcess, question: tuple[np.ndarray, int],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     client, audio = make_client(server)
-    runner = asyncio.create_task(desktop.run_with_terminal(client))
+    runner = asyncio.create_task(client_cli.run_with_terminal(client))
     await wait_for(client.ready.is_set, 20, "session.ready")
     await heard_greeting(client)
     before = len(audio.played())

@@ -9,11 +9,11 @@ import pytest
 
 from client_mock_server import MockState, port_of, start_mock
 from conftest import speechlike, wait_for
-from web import desktop
-from web.client import audio_io
-from web.client.app import ClientOptions, DesktopClient
-from web.client.audio_io import ArrayAudioIO, DeviceInfo
-from web.config import load_config
+from desktop import main as client_cli
+from desktop import audio_io
+from desktop.app import ClientOptions, DesktopClient
+from desktop.audio_io import ArrayAudioIO, DeviceInfo
+from parley.config import load_config
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def cfg():  # type: ignore[no-untyped-def]
 
 def test_list_devices_without_devices_gives_a_hint(cfg, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(audio_io, "list_devices", lambda: [])
-    assert desktop.main(cfg, ["--list-devices"]) == 0
+    assert client_cli.main(cfg, ["--list-devices"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("No audio devices found.") and "Hint:" in out
 
@@ -31,7 +31,7 @@ def test_list_devices_without_devices_gives_a_hint(cfg, monkeypatch, capsys) -> 
 def test_list_devices_prints_a_row_per_device(cfg, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(audio_io, "list_devices",
                         lambda: [DeviceInfo(0, "USB Mic", 1, 0, 48000.0), DeviceInfo(3, "Speakers", 0, 2, 44100.0)])
-    assert desktop.main(cfg, ["--list-devices"]) == 0
+    assert client_cli.main(cfg, ["--list-devices"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["0", "1", "0", "48000", "USB", "Mic"]
     assert lines[2].split() == ["3", "0", "2", "44100", "Speakers"]
@@ -39,7 +39,7 @@ def test_list_devices_prints_a_row_per_device(cfg, monkeypatch, capsys) -> None:
 
 def test_no_device_is_a_clear_message_not_a_traceback(cfg, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(audio_io, "list_devices", lambda: [])
-    assert desktop.main(cfg, ["--server", "127.0.0.1:9"]) == 1
+    assert client_cli.main(cfg, ["--server", "127.0.0.1:9"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("parley client: no audio input device found.") and "Traceback" not in err
 
@@ -53,15 +53,15 @@ def test_device_chosen_by_name_or_index(monkeypatch) -> None:  # type: ignore[no
 
 
 def test_parley_client_command_without_devices_exits_cleanly() -> None:
-    proc = subprocess.run([sys.executable, "-m", "web.cli", "client"], capture_output=True, text=True, timeout=60)
-    if "Hint" in desktop.list_devices_text():  # this machine has no sound card (CI, containers)
+    proc = subprocess.run([sys.executable, "-m", "parley.cli", "client"], capture_output=True, text=True, timeout=60)
+    if "Hint" in client_cli.list_devices_text():  # this machine has no sound card (CI, containers)
         assert proc.returncode == 1
         assert "parley client: no audio input device found" in proc.stderr and "Traceback" not in proc.stderr
 
 
 async def test_terminal_run_reports_unreachable_server(capsys) -> None:  # type: ignore[no-untyped-def]
     client = DesktopClient(ClientOptions(url="ws://127.0.0.1:9/ws", echo="off"), ArrayAudioIO())
-    assert await desktop.run_with_terminal(client) == 1
+    assert await client_cli.run_with_terminal(client) == 1
     out = capsys.readouterr().out
     assert "parley client: cannot reach a Parley server at ws://127.0.0.1:9/ws" in out.replace("\n", "")
 
@@ -72,7 +72,7 @@ async def test_terminal_run_prints_the_latency_table_at_exit(capsys) -> None:  #
     try:
         audio = ArrayAudioIO()
         client = DesktopClient(ClientOptions(url=f"ws://127.0.0.1:{port_of(server)}/ws", echo="guard"), audio)
-        task = asyncio.create_task(desktop.run_with_terminal(client))
+        task = asyncio.create_task(client_cli.run_with_terminal(client))
         await wait_for(client.ready.is_set, what="ready")
         audio.say(speechlike(0.6), 16000)
         await wait_for(lambda: bool(client.view.turns) and bool(client.view.turns[-1].stages_ms), what="trace")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import speechlike
-from web.client.echo import HalfDuplexGuard, NoEcho, WebRtcAec, aec_available, level_dbfs, make_echo_control
+from desktop.echo import HalfDuplexGuard, NoEcho, WebRtcAec, aec_available, level_dbfs, make_echo_control
 
 BLOCK = 320  # 20 ms at 16 kHz
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from web.client.jitter import JitterBuffer
+from desktop.jitter import JitterBuffer
 
 RATE = 1000  # 1 sample per ms keeps the arithmetic readable
 

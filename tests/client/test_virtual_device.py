@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(any(shutil.which(b) is None for b in NEEDED),
 
 CLIENT = """
 import sys
-from web.config import load_config
-from web.desktop import main
+from parley.config import load_config
+from desktop.main import main
 sys.exit(main(load_config(), sys.argv[1:]))
 """
 

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from web import cli
+from parley import cli
 from web.app import create_app
-from web.config import DEFAULT_CONFIG, AppConfig, ConfigError, load_config
+from parley.config import DEFAULT_CONFIG, AppConfig, ConfigError, load_config
 from web.limits import origin_allowed
 from web.openai_api.app import KIND, create_stages_app, voice_aliases
 

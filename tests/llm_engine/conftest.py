@@ -52,7 +52,7 @@ def tiny_builder():
 
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     return find_embedded("llm")
 

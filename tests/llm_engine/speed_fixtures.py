@@ -45,7 +45,7 @@ def greedy(model: Transformer, prompt: list[int], n: int, *, cache: StaticKVCach
 
 def load_smol(max_seq_len: int = 512) -> tuple[Transformer, Path]:
     from llm_engine.loader import load_model
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     return load_model(find_embedded("llm"), max_seq_len=max_seq_len)
 

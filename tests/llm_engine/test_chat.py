@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from web.chat import run_chat
+from parley.chat import run_chat
 
 pytestmark = pytest.mark.slow
 

@@ -166,7 +166,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @pytest.mark.slow
 def test_int4_from_gguf_blocks_is_the_q4_1_weights_exactly(smol) -> None:
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     model, _ = smol
     layers = read_quantized_linears(find_embedded("llm"), "int4")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from web import runtime as rt
+from parley import runtime as rt
 from web.app import AppState, create_app
 from in_thread import serve_in_thread
 from server_config import TOKEN, write_test_config
-from web.config import AppConfig, load_config
+from parley.config import AppConfig, load_config
 
 @dataclass
 class LiveServer:

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from web.config import DEFAULT_CONFIG
+from parley.config import DEFAULT_CONFIG
 
 TOKEN = "test-token"
 

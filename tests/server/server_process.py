@@ -33,7 +33,7 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 180.0) -> "ServerProcess":
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "web.cli", "--config", str(self.config), self.command], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "parley.cli", "--config", str(self.config), self.command], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         found = threading.Event()
         threading.Thread(target=self._copy, args=(self.proc.stdout, found), daemon=True).start()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import audio_corpus as corpus
-from web.config import DEFAULT_CONFIG, load_config
+from parley.config import DEFAULT_CONFIG, load_config
 from server_config import TOKEN
 from ws_client import Client
 

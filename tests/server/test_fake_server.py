@@ -17,9 +17,9 @@ from server_config import write_test_config
 from voice.llm_bridge import LlmBridge
 from voice.stages import Stages
 from voice.reply import VoiceBinding
-from web import runtime as rt
+from parley import runtime as rt
 from web.app import create_app
-from web.config import load_config
+from parley.config import load_config
 from web.limits import RateLimiter, origin_allowed
 from ws_client import Client
 

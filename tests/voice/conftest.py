@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import audio_corpus as corpus
-from web.locate import find_embedded
+from parley.locate import find_embedded
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,7 @@ def test_the_fitted_window_hears_the_corpus_as_well_as_the_full_one(tiny_transcr
     on the same clips: about as good over the corpus, and the fitted path really ran (a decode that starts over
     is cut where it repeats, not redone)."""
     from voice.asr import WhisperTranscriber
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     full = WhisperTranscriber(find_embedded("asr"), compute_type="int8_float32", fitted_window=False)
     clips = [np.concatenate([corpus.silence(200), a, corpus.silence(100)]) for a in [*corpus_piper_fixed, *corpus_flite]]

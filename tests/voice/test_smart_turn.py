@@ -6,7 +6,7 @@ import pytest
 
 import audio_corpus as corpus
 from voice.smart_turn import SmartTurn
-from web.locate import find_embedded
+from parley.locate import find_embedded
 
 pytestmark = pytest.mark.slow
 

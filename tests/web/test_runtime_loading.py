@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from web import runtime as rt
-from web.config import load_config
-from web.locate import ModelNotFound
+from parley import runtime as rt
+from parley.config import load_config
+from parley.locate import ModelNotFound
 
 
 def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from web import cli
-from web import runtime as rt
-from web.config import ConfigError, load_config
+from parley import cli
+from parley import runtime as rt
+from parley.config import ConfigError, load_config
 from web.openai_api.app import create_stages_app
 
 

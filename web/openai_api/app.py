@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from web import runtime as rt
-from web.config import AppConfig
+from parley import runtime as rt
+from parley.config import AppConfig
 from web.guard import Guard
 from web.metrics import Metrics, stage_counters
 from web.openai_api import audio, chat

@@ -23,7 +23,7 @@ from voice.reply import VoiceBinding, WorkCounter
 from voice.tts_stream import synthesize_async
 from web.openai_api.schema import ApiError, SpeechRequest, require_stage
 from web.protocol import clip
-from web.runtime import Runtime
+from parley.runtime import Runtime
 
 SPEECH_RATE = 24000
 MAX_UPLOAD_BYTES = 25 * 2**20  # OpenAI's limit

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from web.openai_api.schema import ApiError, ChatRequest, require_stage
-from web.runtime import Runtime
+from parley.runtime import Runtime
 
 SESSION_HEADER = "x-parley-session"
 DEFAULT_MAX_TOKENS = 512

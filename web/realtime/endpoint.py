@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -28,10 +28,8 @@ from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
 from web.realtime.config import RATE, RealtimeConfig, SessionIn
 from web.realtime.translate import Translator, error_event, new_id
+from web.state import AppState
 from web.ws import receive_until
-
-if TYPE_CHECKING:
-    from web.app import AppState
 
 log = logging.getLogger(__name__)
 KEY_PROTOCOL = "openai-insecure-api-key."
@@ -44,7 +42,7 @@ class EventError(Exception):
         self.code, self.message, self.param = code, message, param
 
 
-async def handle_realtime(ws: WebSocket, state: "AppState") -> None:
+async def handle_realtime(ws: WebSocket, state: AppState) -> None:
     server = state.cfg.server
     offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = given_token(ws.query_params, ws.headers, ws.cookies) or next(
@@ -75,7 +73,7 @@ async def handle_realtime(ws: WebSocket, state: "AppState") -> None:
 
 
 class RealtimeConnection:
-    def __init__(self, ws: WebSocket, state: "AppState", model: str) -> None:
+    def __init__(self, ws: WebSocket, state: AppState, model: str) -> None:
         from web.openai_api.app import voice_aliases
 
         self.ws, self.state, self.model = ws, state, P.clip(model, 100)

@@ -16,10 +16,10 @@ from types import FrameType
 
 import uvicorn
 
-from web import runtime as rt
+from parley import runtime as rt
 from web.app import create_app
-from web.config import AppConfig
-from web.locate import ModelNotFound
+from parley.config import AppConfig
+from parley.locate import ModelNotFound
 from web.transport import RepeatFilter, guarded_h11, raise_fd_limit
 from web.ws import drain
 

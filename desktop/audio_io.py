@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from web.client.fifo import SampleFifo
+from desktop.fifo import SampleFifo
 
 # on_input(block float32 [n] at input_rate, capture_time_s on the perf_counter clock of block[0])
 InputCallback = Callable[[np.ndarray, float], None]

@@ -1,14 +1,14 @@
 """`parley models`: one row per stage (and per TTS voice) saying where its weights are.
 
-Resolves through web.locate; never loads a model.
+Resolves through parley.locate; never loads a model.
 """
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
 
-from web.config import AppConfig
-from web.locate import EMBEDDED, ModelNotFound, resolve, size_bytes
+from parley.config import AppConfig
+from parley.locate import EMBEDDED, ModelNotFound, resolve, size_bytes
 
 _APT = {"flite": "apt-get install -y flite", "espeak-ng": "apt-get install -y espeak-ng"}
 

@@ -14,12 +14,12 @@ from typing import Any, Literal
 import numpy as np
 import soxr
 
-from web.client.audio_io import AudioIO
-from web.client.connection import Connection, ConnectError, ConnectionLost, ServerInfo, backoff_s
-from web.client.echo import EchoControl, EchoMode, make_echo_control
-from web.client.jitter import JitterBuffer
-from web.client.latency import LatencyBook, VoicedClock
-from web.client.tui import ClientView
+from desktop.audio_io import AudioIO
+from desktop.connection import Connection, ConnectError, ConnectionLost, ServerInfo, backoff_s
+from desktop.echo import EchoControl, EchoMode, make_echo_control
+from desktop.jitter import JitterBuffer
+from desktop.latency import LatencyBook, VoicedClock
+from desktop.tui import ClientView
 from web.protocol import InputText, PlaybackMark, ResponseCancel, SessionUpdate, unpack_audio
 
 SEND_RATE = 16000  # what we declare in session.start; the server's ASR rate, so it never resamples

@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from web.client.fifo import SampleFifo
+from desktop.fifo import SampleFifo
 
 EchoMode = Literal["aec", "guard", "off"]
 RATE = 16000

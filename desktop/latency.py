@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from web.client.echo import level_dbfs
+from desktop.echo import level_dbfs
 
 
 class VoicedClock:

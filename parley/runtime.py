@@ -16,9 +16,9 @@ from voice.reply import VoiceBinding
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.turntaking import TurnPolicy
 from voice.vad import Vad
-from web.config import AppConfig
-from web.locate import resolve
-from web.thread_budget import ThreadBudget, available_cores
+from parley.config import AppConfig
+from parley.locate import resolve
+from parley.thread_budget import ThreadBudget, available_cores
 
 log = logging.getLogger(__name__)
 

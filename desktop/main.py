@@ -1,7 +1,7 @@
 """`parley client`: flags -> a DesktopClient on the local microphone and speakers, shown with rich.
 
 Thin shell: parses flags, picks devices, turns every expected failure (no device, server
-unreachable, token rejected) into one clear line and exit code 1. The cores live in web/client/.
+unreachable, token rejected) into one clear line and exit code 1. The cores live in desktop/.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from web.config import AppConfig
+from parley.config import AppConfig
 
 
 def _parser(cfg: AppConfig) -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def _parser(cfg: AppConfig) -> argparse.ArgumentParser:
 
 
 def list_devices_text() -> str:
-    from web.client.audio_io import list_devices
+    from desktop.audio_io import list_devices
 
     devices = list_devices()
     if not devices:
@@ -58,10 +58,10 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
     if args.list_devices:
         print(list_devices_text())
         return 0
-    from web.client.app import ClientOptions, DesktopClient
-    from web.client.audio_io import NoAudioDevice, SoundDeviceIO
-    from web.client.connection import ws_url
-    from web.client.echo import EchoMode, aec_available
+    from desktop.app import ClientOptions, DesktopClient
+    from desktop.audio_io import NoAudioDevice, SoundDeviceIO
+    from desktop.connection import ws_url
+    from desktop.echo import EchoMode, aec_available
 
     try:
         url = ws_url(args.server)
@@ -108,9 +108,9 @@ async def run_with_terminal(client: object) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from web.client.app import DesktopClient
-    from web.client.keys import key_reader
-    from web.client.tui import print_latency, render
+    from desktop.app import DesktopClient
+    from desktop.keys import key_reader
+    from desktop.tui import print_latency, render
 
     assert isinstance(client, DesktopClient)
     console = Console()

@@ -79,7 +79,7 @@ def run_chat(
 def chat_command(cfg: Any, persona: str | None) -> int:
     """Build the engine the config names and chat with the chosen persona."""
     from llm_engine.engine import Engine
-    from web.locate import resolve
+    from parley.locate import resolve
 
     p = cfg.persona(persona)
     m = cfg.models.llm
@@ -100,6 +100,6 @@ def chat_command(cfg: Any, persona: str | None) -> int:
 
 
 if __name__ == "__main__":
-    from web.config import load_config
+    from parley.config import load_config
 
     sys.exit(chat_command(load_config(None, []), sys.argv[1] if len(sys.argv) > 1 else None))

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from web.client.latency import TurnLatency
+from desktop.latency import TurnLatency
 
 STAGE_COLUMNS = ("endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice")
 SHORT = {"endpointing": "endpt", "llm_ttft": "ttft", "voice_to_voice": "v2v"}  # fits 80 columns

@@ -1,6 +1,6 @@
 """Config files -> frozen, validated config objects.
 
-Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+Reads parley/configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
 personas it names and checks cross-references (persona voice, default persona). Every problem
 becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
 """
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voice.trace import STAGES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
@@ -155,7 +155,7 @@ class ServerConfig(_Strict):
     # recognition, synthesis and turn checks: "priority" runs them on a few shared workers, what a user waits for
     # first (voice.scheduler); "direct" runs each on its own thread at once (the behaviour before, for comparison)
     scheduling: Literal["priority", "direct"] = "priority"
-    stage_workers: int = Field(0, ge=0)  # shared-stage workers; 0: from the core count (web.thread_budget)
+    stage_workers: int = Field(0, ge=0)  # shared-stage workers; 0: from the core count (parley.thread_budget)
     # admission (web.admission): conversations per core that hold their budgets, measured by bench/load.py (0: no
     # such limit; max_sessions still applies), and the queue wait of finals and first phrases past which new
     # sessions are refused until the machine catches up (0: never)
