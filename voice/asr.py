@@ -154,7 +154,7 @@ class WhisperTranscriber:
 
     def transcribe_batch(self, audios: list[np.ndarray]) -> list[Transcript]:
         """Several utterances (e.g. different sessions' finals waiting at once) in one encoder and one decoder
-        batch over the widest of their fitted windows, faster than one at a time (bench/voice.py --asr-batch;
+        batch over the widest of their fitted windows, faster than one at a time (bench/stages.py --asr-batch;
         README). Any the batch cannot trust is decoded alone after."""
         t0 = time.perf_counter()
         audios = [np.asarray(a, dtype=np.float32) for a in audios]
