@@ -1,7 +1,7 @@
 """A scripted real-time voice client for the benchmarks: a microphone that never stops (speech, else silence,
 in 20 ms frames at wall-clock pace), a player that 'plays' reply audio at its real duration, one result per turn.
 
-Builds on web.client.connection (handshake) and web.protocol (audio header). Knows the wire, not the server.
+Builds on desktop.connection (handshake) and web.protocol (audio header). Knows the wire, not the server.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from web.client.connection import Connection, ConnectionLost, ServerInfo, ws_url
+from desktop.connection import Connection, ConnectionLost, ServerInfo, ws_url
 from web.protocol import PlaybackMark, unpack_audio
 
 RATE = 16000

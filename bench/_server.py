@@ -39,7 +39,7 @@ class ServerProcess:
 def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, sets: tuple[str, ...] = (),
                  port: int = 0, timeout_s: float = 180.0, command: str = "serve") -> ServerProcess:
     """`parley serve` (or `parley stages`) on 127.0.0.1 (port 0: any free one); returns once it is listening."""
-    argv = [sys.executable, "-m", "web.cli"]
+    argv = [sys.executable, "-m", "parley.cli"]
     if config:
         argv += ["--config", config]
     for s in (f"server.port={port}", f"server.trace_log={trace_log}", "server.host=127.0.0.1", *sets):
@@ -136,7 +136,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     """The flags both benchmarks share: which server to talk to, or how to start one."""
     p.add_argument("--server", help="URL of a running server (default: start `parley serve` on a free port)")
     p.add_argument("--token", help="the server's token, if it needs one")
-    p.add_argument("--config", help="config file for the started server (default configs/default.yaml)")
+    p.add_argument("--config", help="config file for the started server (default parley/configs/default.yaml)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for the started server (repeatable)")
     p.add_argument("--persona", help="persona to talk to (default: the server's)")

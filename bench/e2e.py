@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+# run as a script: the repository root, for `bench` itself
 sys.path.insert(0, str(_HERE.parent))
 
 from bench import _prompts, _stats  # noqa: E402

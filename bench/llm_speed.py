@@ -26,7 +26,7 @@ def llm_path(arg: str | Path | None) -> Path:
     """--model as given, else the embedded SmolLM2 GGUF."""
     if arg:
         return Path(arg)
-    from web.locate import find_embedded
+    from parley.locate import find_embedded
 
     return find_embedded("llm")
 

@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 _HERE = Path(__file__).resolve().parent
-# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+# run as a script: the repository root, for `bench` itself
 sys.path.insert(0, str(_HERE.parent))
 
 from bench import _prompts, _stats  # noqa: E402
 from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
 from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server  # noqa: E402
-from web.client.connection import ConnectError  # noqa: E402
+from desktop.connection import ConnectError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

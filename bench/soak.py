@@ -17,13 +17,12 @@ from typing import Any
 import numpy as np
 
 _HERE = Path(__file__).resolve().parent
-# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+# run as a script: the repository root, for `bench` itself
 sys.path.insert(0, str(_HERE.parent))
 
 from bench import _prompts, _stats  # noqa: E402
 from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
-from web.client.connection import Connection, ConnectionLost, ws_url  # noqa: E402
+from desktop.connection import Connection, ConnectionLost, ws_url  # noqa: E402
 
 RATE = 16000
 

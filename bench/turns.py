@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 _HERE = Path(__file__).resolve().parent
-# run as a script, this folder leads sys.path and bench/voice.py would shadow the `voice` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+# run as a script: the repository root, for `bench` itself
 sys.path.insert(0, str(_HERE.parent))
 
 from bench import _prompts, _stats  # noqa: E402
@@ -78,7 +77,7 @@ class Models:
         from voice.asr import WhisperTranscriber
         from voice.smart_turn import SmartTurn
         from voice.vad import SileroVad
-        from web.locate import find_embedded
+        from parley.locate import find_embedded
 
         self.vad = SileroVad(find_embedded("vad"))
         self.turn_model = SmartTurn(find_embedded("turn"))
@@ -216,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.tiny:
         args.voices, args.styles, args.paused, args.complete = "piper-steady", "comma", 2, 2
-    from web.config import load_config
-    from web.runtime import turn_policy
+    from parley.config import load_config
+    from parley.runtime import turn_policy
 
     cfg = load_config(None, args.set)
     base = turn_policy(cfg)

@@ -145,8 +145,8 @@ def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
 
 
 def test_voice_asr_batch_tiny() -> None:
-    """bench/voice.py --asr-batch: the finals-batched-across-sessions table, one round of two."""
-    proc = run_script("voice.py", "--asr-batch", "--tiny")
+    """bench/stages.py --asr-batch: the finals-batched-across-sessions table, one round of two."""
+    proc = run_script("stages.py", "--asr-batch", "--tiny")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 ")]
     assert float(row[2]) > 0 and float(row[3]) > 0 and row[-1] == "yes", row  # timed, and the same transcripts

@@ -1,7 +1,7 @@
 """Voice stage benchmark on this machine: ASR accuracy/speed/final latency, TTS first-chunk time and RTF, VAD cost;
 with --asr-batch, several sessions' finals recognised one at a time vs in one batch (voice.asr.transcribe_batch).
 
-Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/voice.py [--quick] [--asr-batch]
+Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/stages.py [--quick] [--asr-batch]
 """
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 
 _HERE = Path(__file__).resolve().parent
-# this file is named voice.py: drop its own folder from the path or it shadows the `voice` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent / "tests"))
 import audio_corpus as corpus  # noqa: E402  (the spoken corpus lives with the tests)
 
@@ -24,7 +22,7 @@ from voice.asr import WhisperTranscriber  # noqa: E402
 from voice.turntaking import TurnPolicy  # noqa: E402
 from voice.tts import CommandTts, PiperTts  # noqa: E402
 from voice.vad import SileroVad, WebRtcVad  # noqa: E402
-from web.locate import find_embedded  # noqa: E402
+from parley.locate import find_embedded  # noqa: E402
 
 
 def table(title: str, header: list[str], rows: list[list[object]]) -> None:
