@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from web.cli import main
+from parley.cli import main
 
 
 def test_client_flags_pass_through_to_the_desktop_client(capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,3 +18,11 @@ def test_unknown_flag_for_other_commands_is_an_error(capsys: pytest.CaptureFixtu
         main(["models", "--bogus"])
     assert info.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_client_help_is_the_clients_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["client", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--server" in out and "--push-to-talk" in out
