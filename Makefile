@@ -4,7 +4,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE ?= 1
 export TORCHINDUCTOR_CACHE_DIR ?= $(HOME)/.cache/parley/inductor
 
-.PHONY: run test setup setup-test models bench clean
+.PHONY: run test setup setup-test models clean
 
 setup:
 	@scripts/setup.sh run

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from llm_engine.batch import eager_decode
 from llm_engine.kv_cache import StaticKVCache
 from llm_engine.model import Transformer
 
@@ -60,7 +61,7 @@ class _Bucket:
 
 
 class GraphedDecoder:
-    """`decode(tokens, positions, slots) -> logits [B, V]` for B single-token rows, graphed on CUDA.
+    """A llm_engine.batch.Decoder for B single-token rows (up to the largest bucket), graphed on CUDA.
 
     Batches are padded to the next bucket by repeating row 0 (same slot, position and token, so the
     extra writes are identical). Graphs are captured lazily per bucket on first use; warm-up writes land
@@ -75,15 +76,13 @@ class GraphedDecoder:
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         use_graphs: bool | None = None,
         static_step: bool = False,
-        compile_step: bool = False,
     ) -> None:
         """use_graphs: None = on for CUDA. static_step: run the graph-ready step even without graphs (the CPU
-        check of what CUDA captures). compile_step: torch.compile that step (implies static_step). On the 2-core
-        CPU it compiled in ~85 s and ran slower than eager (int4: 48 vs 38 ms/token), so nothing turns it on
-        there; on CUDA it is unmeasured."""
+        check of what CUDA captures)."""
         self.model, self.cache = model, cache
         self.device = cache.k.device
         self.buckets = sorted(buckets)
+        self.max_rows = self.buckets[-1]  # batches are padded up to a bucket
         self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model and cache on a CUDA device")
@@ -91,18 +90,13 @@ class GraphedDecoder:
         self._buckets: dict[int, _Bucket] = {}
         self._pool: object | None = None
         self._step: Callable[..., torch.Tensor] = static_decode_step
-        if compile_step:
-            # The fixed shapes make one compiled graph per bucket; set TORCHINDUCTOR_CACHE_DIR to keep it warm.
-            self._step = torch.compile(static_decode_step, dynamic=False)
-        self.static_step = static_step or compile_step
+        self.static_step = static_step
 
     @torch.inference_mode()
     def decode(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
         b = len(tokens)
         if not self.use_graphs and not self.static_step:
-            t = torch.tensor(list(tokens), device=self.device)[:, None]  # [B, 1]
-            p = torch.tensor(list(positions), device=self.device)[:, None]
-            return self.model(t, p, self.cache, list(slots), "last", kv_len=max(positions) + 1)[:, 0]
+            return eager_decode(self.model, self.cache, tokens, positions, slots)
         size = self.bucket_for(b)
         bucket = self._buckets.get(size) or self._make_bucket(size)
         pad = size - b

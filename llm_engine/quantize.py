@@ -22,9 +22,8 @@ KERNEL_MAX_ROWS = 256
 _LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 
 
-def kernel_dtype(device: torch.device) -> torch.dtype:
-    # Both pack kernels are vectorised for bfloat16 only (fp32 on CPU is ~10x slower than plain fp32 matmul).
-    return torch.bfloat16
+# Both pack kernels are vectorised for bfloat16 only (fp32 on CPU is ~10x slower than plain fp32 matmul).
+KERNEL_DTYPE = torch.bfloat16
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, lead: torch.Size) -> torch.Tensor:
@@ -60,7 +59,7 @@ class Int8WeightOnlyLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if self.uses_kernel(x2.shape[0]):
-            kd = kernel_dtype(x.device)
+            kd = KERNEL_DTYPE
             if self._kscales is None or self._kscales.device != x.device:
                 self._kscales = self.scales.to(device=x.device, dtype=kd)
             y = torch._weight_int8pack_mm(x2.to(kd), self.qweight, self._kscales).to(x.dtype)
@@ -174,7 +173,7 @@ class Int4WeightOnlyLinear(nn.Module):
             # tinygemm dequantizes (q - 8) * scale + zero, so zero = minimum + 8 * scale.
             zeros = self.minimums + 8.0 * self.scales  # [N, G]
             sz = torch.stack([self.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
-            self._kernel = (device, weight, sz.to(device=device, dtype=kernel_dtype(device)))
+            self._kernel = (device, weight, sz.to(device=device, dtype=KERNEL_DTYPE))
         return self._kernel[1], self._kernel[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +182,7 @@ class Int4WeightOnlyLinear(nn.Module):
         # The CUDA tinygemm kernel has no row limit worth keeping; the CPU one loses beyond a few rows.
         if self.use_kernel and (x.device.type == "cuda" or x2.shape[0] <= KERNEL_MAX_ROWS):
             weight, sz = self._kernel_tensors(x.device)
-            kd = kernel_dtype(x.device)
+            kd = KERNEL_DTYPE
             if x.device.type == "cpu":
                 y = torch._weight_int4pack_mm_for_cpu(x2.to(kd), weight, self.group_size, sz)
             else:
@@ -199,9 +198,6 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={self.use_kernel}"
-
-
-QuantLinear = Int8WeightOnlyLinear | Int4WeightOnlyLinear
 
 
 def quantize_linear(linear: nn.Linear, scheme: Scheme, *, group_size: int = 32, use_kernel: bool = True) -> nn.Module:

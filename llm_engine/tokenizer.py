@@ -42,10 +42,6 @@ class Tokenizer:
         return cls(AutoTokenizer.from_pretrained(str(folder)), stop_strings=stop_strings)
 
     @property
-    def eos_id(self) -> int | None:
-        return self.hf.eos_token_id
-
-    @property
     def vocab_size(self) -> int:
         return len(self.hf)
 
