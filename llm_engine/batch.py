@@ -6,7 +6,8 @@ It knows the model and the cache, nothing about requests, sampling or scheduling
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+import sys
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -14,7 +15,6 @@ from llm_engine.kv_cache import StaticKVCache
 from llm_engine.model import Transformer
 
 if TYPE_CHECKING:  # imported lazily at run time: most engines use one at most
-    from llm_engine.cuda_graphs import GraphedDecoder
     from llm_engine.native.decoder import NativeDecoder
 
 
@@ -25,25 +25,49 @@ class DecodeRow:
     pos: int  # where it goes: the number of tokens the slot already holds
 
 
-def decode_batch(model: Transformer, cache: StaticKVCache, rows: Sequence[DecodeRow], device: torch.device) -> torch.Tensor:
-    """-> logits float32 [B, V], row i predicting the token after rows[i].token.
+class Decoder(Protocol):
+    """One decode forward: single-token rows, each in its own slot at its own position -> logits float32 [B, V],
+    row i predicting the token after tokens[i]. Each of the three paths (eager PyTorch, captured CUDA graphs, the
+    compiled CPU step) is one of these."""
+
+    max_rows: int  # the most rows one call takes
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor: ...
+
+
+def eager_decode(model: Transformer, cache: StaticKVCache, tokens: Sequence[int], positions: Sequence[int],
+                 slots: Sequence[int]) -> torch.Tensor:  # fmt: skip
+    """The Decoder contract in plain PyTorch.
 
     Rows differ in length, so keys are read up to the longest row and the model's causal mask
     ([B, 1, 1, kv_len], key position <= the row's own position) hides what lies past each row's end:
     a shorter row never sees stale keys left in its slot by an earlier, longer conversation.
     """
-    tokens = torch.tensor([[r.token] for r in rows], device=device)  # [B, 1]
-    input_pos = torch.tensor([[r.pos] for r in rows], device=device)  # [B, 1]
-    kv_len = max(r.pos for r in rows) + 1  # known host-side: no device sync
-    logits = model(tokens, input_pos, cache, [r.slot for r in rows], "last", kv_len=kv_len)  # [B, 1, V]
-    return logits[:, -1]
+    device = cache.k.device
+    t = torch.tensor(list(tokens), device=device)[:, None]  # [B, 1]
+    p = torch.tensor(list(positions), device=device)[:, None]  # [B, 1]
+    kv_len = max(positions) + 1  # known host-side: no device sync
+    return model(t, p, cache, list(slots), "last", kv_len=kv_len)[:, -1]  # [B, V]
+
+
+class TorchDecoder:
+    """Eager PyTorch: any model, any device, any number of rows."""
+
+    max_rows = sys.maxsize
+
+    def __init__(self, model: Transformer, cache: StaticKVCache) -> None:
+        self.model, self.cache = model, cache
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
+        return eager_decode(self.model, self.cache, tokens, positions, slots)
 
 
 class StepDecoder:
-    """decode(rows) -> logits [B, V] through the fastest forward this model and device allow, chosen once.
+    """decode(rows) -> logits [B, V] through the fastest Decoder this model and device allow, chosen once.
 
     cuda_graphs: replay captured steps (CUDA only). native "auto": the compiled CPU step (llm_engine/native)
-    where it can run the model, "on": fail if it cannot, "off": never. `path` says which, and why.
+    where it can run the model, "on": fail if it cannot, "off": never. `path` says which, and why. A batch larger
+    than the fast path takes runs eagerly.
     """
 
     def __init__(
@@ -51,24 +75,21 @@ class StepDecoder:
     ) -> None:
         if native not in ("auto", "on", "off"):
             raise ValueError(f"native must be auto, on or off, got {native!r}")
-        self.model, self.cache = model, cache
-        self.device = cache.k.device
-        self.graphed: GraphedDecoder | None = None
+        self.eager = TorchDecoder(model, cache)
+        self.fast: Decoder | None = None
         self.native: NativeDecoder | None = None
         self.path = "torch"
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and cache.k.device.type == "cuda":
             from llm_engine.cuda_graphs import DEFAULT_BUCKETS, GraphedDecoder
 
             buckets = sorted({b for b in DEFAULT_BUCKETS if b < max_slots} | {max_slots})
-            self.graphed, self.path = GraphedDecoder(model, cache, buckets=buckets), "graphed"
+            self.fast, self.path = GraphedDecoder(model, cache, buckets=buckets), "graphed"
         elif native != "off":
             from llm_engine.native.decoder import native_decoder
 
             self.native, self.path = native_decoder(model, cache, required=native == "on")
+            self.fast = self.native
 
     def decode(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
-        if self.native is not None and len(rows) <= self.native.max_rows:
-            return self.native.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
-        if self.graphed is not None:
-            return self.graphed.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])
-        return decode_batch(self.model, self.cache, rows, self.device)
+        decoder = self.fast if self.fast is not None and len(rows) <= self.fast.max_rows else self.eager
+        return decoder.decode([r.token for r in rows], [r.pos for r in rows], [r.slot for r in rows])

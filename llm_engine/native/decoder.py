@@ -1,4 +1,4 @@
-"""The compiled CPU decode step behind the same call as GraphedDecoder: decode(tokens, positions, slots).
+"""The compiled CPU decode step: a llm_engine.batch.Decoder, decode(tokens, positions, slots).
 
 It describes the model to decode.cpp once (pointers into the model's own tensors and the KV cache, no
 copies) and then runs each step as one foreign call, which releases the GIL. Prefill, speculation and
@@ -153,7 +153,7 @@ def _half_pairs(layer: Int4WeightOnlyLinear, keep: list[torch.Tensor]) -> int | 
 
 
 class NativeDecoder:
-    """`decode(tokens, positions, slots) -> logits [B, V]` for up to max_rows single-token rows, compiled.
+    """A llm_engine.batch.Decoder for up to max_rows single-token rows, compiled.
 
     Holds pointers into the model and cache: neither may be moved or re-quantized while it lives.
     Raises NativeUnavailable (no compiler, load failure) or ValueError (a model it cannot run).
