@@ -30,7 +30,7 @@ from llm_engine.request import (
     Timings,
     TokenEvent,
 )
-from llm_engine.scheduler import BatchScheduler, StepPlan
+from llm_engine.scheduler import CHUNK_TOKENS, BatchScheduler, StepPlan
 from llm_engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported lazily at run time: most engines do not speculate
@@ -111,7 +111,7 @@ class Engine:
         *,
         max_slots: int = 8,
         max_seq_len: int | None = None,
-        prefill_chunk: int = 128,
+        prefill_chunk: int = CHUNK_TOKENS,
         draft: Transformer | None = None,
         draft_k: int = 4,
         cuda_graphs: bool = False,

@@ -15,9 +15,9 @@ from llm_engine.kv_cache import SlotState, StaticKVCache, common_prefix_len
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, Event, FinishEvent, GenerateRequest, Timings, TokenEvent
 from llm_engine.sampling import make_generator, sample
+from llm_engine.scheduler import MAX_CHUNK_TOKENS
 from llm_engine.tokenizer import StopStringFilter, Tokenizer
 
-PREFILL_CHUNK = 512  # bounds the [T, kv_len] attention mask and activations for long prompts
 
 
 def fit_messages(
@@ -80,7 +80,7 @@ class Generation:
 
     # -- units of work, each returns the events it produced ---------------------------------------
 
-    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState, max_tokens: int = PREFILL_CHUNK) -> list[Event]:
+    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState, max_tokens: int = MAX_CHUNK_TOKENS) -> list[Event]:
         """Run the next chunk (at most max_tokens) of the prompt; the last chunk also samples the first token.
 
         Chunks let the scheduler interleave a long prompt with other requests' decode steps.
@@ -100,7 +100,7 @@ class Generation:
             self.timings = replace(self.timings, queue_ms=1000 * (t0 - self.submitted_s), reused_tokens=reused,
                                    shared_prefix_tokens=shared)  # fmt: skip
         start = len(state.tokens)
-        chunk = self.prompt[start : start + max(1, min(max_tokens, PREFILL_CHUNK))]
+        chunk = self.prompt[start : start + max(1, min(max_tokens, MAX_CHUNK_TOKENS))]
         tokens = torch.tensor([chunk], device=self.device)  # [1, T]
         pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
         probe_row = self.probe[0] - start if self.probe is not None and start <= self.probe[0] < start + len(chunk) else None

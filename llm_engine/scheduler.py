@@ -16,6 +16,10 @@ class StepPlan:
     decode: tuple[int, ...]  # every job past its prefill and not held, decoded together in one batched forward
 
 
+CHUNK_TOKENS = 128  # a prompt chunk while others decode: bounds how long their next token waits
+MAX_CHUNK_TOKENS = 512  # nobody decoding, and any chunk: bounds the [T, kv_len] attention mask and activations
+
+
 class BatchScheduler:
     """Jobs move queued -> prefilling -> decoding -> removed.
 
@@ -24,7 +28,7 @@ class BatchScheduler:
     decoding job advances by one token every step, because a prompt chunk is capped while others decode.
     """
 
-    def __init__(self, *, max_batch: int, chunk_tokens: int = 128, solo_chunk_tokens: int = 512) -> None:
+    def __init__(self, *, max_batch: int, chunk_tokens: int = CHUNK_TOKENS, solo_chunk_tokens: int = MAX_CHUNK_TOKENS) -> None:
         if max_batch < 1 or chunk_tokens < 1 or solo_chunk_tokens < chunk_tokens:
             raise ValueError("need max_batch >= 1 and 1 <= chunk_tokens <= solo_chunk_tokens")
         self.max_batch = max_batch
