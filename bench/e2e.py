@@ -2,7 +2,7 @@
 conversation, every turn.trace and the client-side latency recorded; prints median/p95 per stage, budget
 violations and transcript WER; writes a JSON file and a PNG chart.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/e2e.py [--server URL] [--prompts 16] [--tiny]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.e2e [--server URL] [--prompts 16] [--tiny]
 """
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-# run as a script: the repository root, for `bench` itself
-sys.path.insert(0, str(_HERE.parent))
-
-from bench import _prompts, _stats  # noqa: E402
-from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
-from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
+from bench import _prompts, _stats
+from bench._client import Prompt, ScriptedSession, TurnResult
+from bench._server import ResourceSampler, add_server_args, machine, open_server
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

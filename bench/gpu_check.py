@@ -4,7 +4,7 @@ Correctness: CUDA bf16/fp16 vs a CPU fp32 reference, graph replay vs eager, int8
 CPU dequantized reference, speculative greedy vs plain greedy. Speed: a random-weight 1B-class Llama
 (Llama-3.2-1B shape) at bf16/int8/int4, graphs off/on, speculation off/on, batch 8: tokens/s and the %
 of the measured HBM copy bandwidth. Prints PASS/FAIL lines and one table; needs only torch and this repo.
-Usage: python bench/gpu_check.py [--tokens 128]
+Usage: python -m bench.gpu_check [--tokens 128]
 """
 from __future__ import annotations
 
@@ -14,20 +14,17 @@ import sys
 import time
 import traceback
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the device machine has the tree, not the install
+import torch
 
-import torch  # noqa: E402
-
-from llm_engine.config import ModelConfig  # noqa: E402
-from llm_engine.cuda_graphs import GraphedDecoder  # noqa: E402
-from llm_engine.kv_cache import StaticKVCache  # noqa: E402
-from llm_engine.model import Transformer  # noqa: E402
-from llm_engine.quantize import quantize_model, weight_bytes_per_token  # noqa: E402
-from llm_engine.request import SamplingParams  # noqa: E402
-from llm_engine.speculative import SpeculativeDecoder, draft_cache_like, make_self_draft  # noqa: E402
+from llm_engine.config import ModelConfig
+from llm_engine.cuda_graphs import GraphedDecoder
+from llm_engine.kv_cache import StaticKVCache
+from llm_engine.model import Transformer
+from llm_engine.quantize import quantize_model, weight_bytes_per_token
+from llm_engine.request import SamplingParams
+from llm_engine.speculative import SpeculativeDecoder, draft_cache_like, make_self_draft
 
 SMALL = ModelConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=6, num_heads=8, num_kv_heads=4, head_dim=64)
 ONE_B = ModelConfig(

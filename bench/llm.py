@@ -11,7 +11,7 @@ to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwi
 Then (bench/llm_models.py) a new session's TTFT under a ~300-token persona prompt, cold vs a prefix-cache hit,
 and with --shapes, decode speed at real sizes (random-weight GGUFs shaped like Qwen2.5-0.5B and a 1.5B Llama in
 Q4_1 / Q4_K), ours beside llama.cpp on the same file.
-Usage: HF_HUB_OFFLINE=1 .venv/bin/python bench/llm.py [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
+Usage: HF_HUB_OFFLINE=1 .venv/bin/python -m bench.llm [--tokens 64] [--batch-tokens 32] [--batches 1,4,8] [--threads N]
        [--shapes qwen2.5-0.5b,llama-1.5b] [--shape-types Q4_1,Q4_K]
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from llm_batch import aggregate_throughput  # noqa: E402
-from llm_models import persona_table, shapes_table  # noqa: E402
-from model_shapes import SHAPES  # noqa: E402
-from llm_speed import (  # noqa: E402
+from bench.llm_batch import aggregate_throughput  # noqa: E402
+from bench.llm_models import persona_table, shapes_table  # noqa: E402
+from bench.model_shapes import SHAPES  # noqa: E402
+from bench.llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
     llm_path,
     llama_cpp_rate_at,

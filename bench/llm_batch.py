@@ -2,7 +2,7 @@
 
 `aggregate_throughput(engine, ...)` is what bench/llm.py can call for its table; run alone it prints its own.
 Every request generates exactly `new_tokens` (stop tokens off) from a fresh session, so prefill is included
-in the wall time, as a server would see it. Usage: .venv/bin/python bench/llm_batch.py [--quant none|int8|int4]
+in the wall time, as a server would see it. Usage: .venv/bin/python -m bench.llm_batch [--quant none|int8|int4]
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32, help="new tokens per request")
     p.add_argument("--batches", default="1,4,8")
     args = p.parse_args()
-    from llm_speed import llm_path
+    from bench.llm_speed import llm_path
 
     path = llm_path(args.model)
     sizes = [int(b) for b in args.batches.split(",")]

@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 
 import torch
-from llm_speed import run_llama_cpp, run_plain
-from model_shapes import SHAPES, write
+from bench.llm_speed import run_llama_cpp, run_plain
+from bench.model_shapes import SHAPES, write
 
 from llm_engine.engine import Engine
 from llm_engine.native.build import load

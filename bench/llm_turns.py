@@ -3,7 +3,7 @@
 Prints load time, prefill ms for 256 prompt tokens, second-turn time to first token and decode tokens/s
 through the whole Engine (threads, slots, cache reuse). transformers runs `generate`, which re-reads the
 whole conversation each turn (no slot cache). The speed features and llama.cpp are in bench/llm.py.
-Usage: .venv/bin/python bench/llm_turns.py [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--model PATH]
+Usage: .venv/bin/python -m bench.llm_turns [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--model PATH]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from llm_speed import llm_path  # noqa: E402
+from bench.llm_speed import llm_path  # noqa: E402
 
 from llm_engine.engine import Engine  # noqa: E402
 from llm_engine.gguf_loader import prepare_gguf  # noqa: E402

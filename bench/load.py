@@ -10,7 +10,7 @@ refuses (`server_full`) counts as refused, not as an error.
 (sessions dealt round-robin, as a load balancer would), instead of everything in one process; `both` runs the
 two in turn and prints them side by side, with what the HTTP hop costs each stage.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py [--server URL] [--levels 1,2,4,8,16] [--turns 3]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.load [--server URL] [--levels 1,2,4,8,16] [--turns 3]
       [--topology one|split|both] [--scheduling before|after|both] [--tiny]
 """
 from __future__ import annotations
@@ -24,14 +24,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-# run as a script: the repository root, for `bench` itself
-sys.path.insert(0, str(_HERE.parent))
-
-from bench import _prompts, _stats  # noqa: E402
-from bench._client import Prompt, ScriptedSession, TurnResult  # noqa: E402
-from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server  # noqa: E402
-from desktop.connection import ConnectError  # noqa: E402
+from bench import _prompts, _stats
+from bench._client import Prompt, ScriptedSession, TurnResult
+from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server
+from desktop.connection import ConnectError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -3,7 +3,7 @@ conversation's reply time to first token, with and without a 1-token request for
 voice.remote.llm does at the user's pause; here it has finished before the reply is asked for, as it has by the
 endpoint when the final recognition lands early). Through the same `openai` SDK the front end uses.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/remote_ahead.py [--server URL] [--turns 8] [--markdown] [--tiny]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.remote_ahead [--server URL] [--turns 8] [--markdown] [--tiny]
 """
 from __future__ import annotations
 
@@ -15,12 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-# run as a script: the repository root, for `bench` itself
-sys.path.insert(0, str(_HERE.parent))
-
-from bench import _prompts, _stats  # noqa: E402
-from bench._server import ROOT, start_server  # noqa: E402
+from bench import _prompts, _stats
+from bench._server import ROOT, start_server
 
 SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences."
 

@@ -2,7 +2,7 @@
 history bomb and an audio flood with a bystander's latency beside its own baseline, connect/disconnect cycles,
 and the server's RSS over all of it.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/soak.py [--server URL] [--turns 200] [--markdown] [--tiny]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.soak [--server URL] [--turns 200] [--markdown] [--tiny]
 """
 from __future__ import annotations
 
@@ -16,13 +16,9 @@ from typing import Any
 
 import numpy as np
 
-_HERE = Path(__file__).resolve().parent
-# run as a script: the repository root, for `bench` itself
-sys.path.insert(0, str(_HERE.parent))
-
-from bench import _prompts, _stats  # noqa: E402
-from bench._server import ResourceSampler, add_server_args, machine, open_server  # noqa: E402
-from desktop.connection import Connection, ConnectionLost, ws_url  # noqa: E402
+from bench import _prompts, _stats
+from bench._server import ResourceSampler, add_server_args, machine, open_server
+from desktop.connection import Connection, ConnectionLost, ws_url
 
 RATE = 16000
 

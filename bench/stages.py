@@ -1,28 +1,23 @@
 """Voice stage benchmark on this machine: ASR accuracy/speed/final latency, TTS first-chunk time and RTF, VAD cost;
 with --asr-batch, several sessions' finals recognised one at a time vs in one batch (voice.asr.transcribe_batch).
 
-Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/stages.py [--quick] [--asr-batch]
+Prints tables; asserts nothing. Run: HF_HUB_OFFLINE=1 .venv/bin/python -m bench.stages [--quick] [--asr-batch]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-_HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(_HERE.parent / "tests"))
-import audio_corpus as corpus  # noqa: E402  (the spoken corpus lives with the tests)
-
-from voice.asr import WhisperTranscriber  # noqa: E402
-from voice.turntaking import TurnPolicy  # noqa: E402
-from voice.tts import CommandTts, PiperTts  # noqa: E402
-from voice.vad import SileroVad, WebRtcVad  # noqa: E402
-from parley.locate import find_embedded  # noqa: E402
+from bench import corpus
+from voice.asr import WhisperTranscriber
+from voice.turntaking import TurnPolicy
+from voice.tts import CommandTts, PiperTts
+from voice.vad import SileroVad, WebRtcVad
+from parley.locate import find_embedded
 
 
 def table(title: str, header: list[str], rows: list[list[object]]) -> None:

@@ -6,7 +6,7 @@ probe) in audio time: each result reaches the core after the compute time it too
 session on an otherwise idle machine. Requests are spoken by Piper, flite and espeak-ng; the paused ones with the
 pause stretched at a syntactic break (tests/audio_corpus.py: PAUSED_REQUESTS, speak_paused).
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python bench/turns.py [--tiny] [--detectors fixed,text] [--markdown]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.turns [--tiny] [--detectors fixed,text] [--markdown]
 """
 from __future__ import annotations
 
@@ -21,13 +21,9 @@ from typing import Any
 
 import numpy as np
 
-_HERE = Path(__file__).resolve().parent
-# run as a script: the repository root, for `bench` itself
-sys.path.insert(0, str(_HERE.parent))
-
-from bench import _prompts, _stats  # noqa: E402
-from voice.audio import SAMPLE_RATE  # noqa: E402
-from voice.turntaking import DETECTIONS, CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnPolicy, TurnTaking  # noqa: E402
+from bench import _prompts, _stats
+from voice.audio import SAMPLE_RATE
+from voice.turntaking import DETECTIONS, CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnPolicy, TurnTaking
 
 LEAD_MS = 300.0  # silence before each request
 TAIL_MS = 2600.0  # silence after it: longer than the longest hangover

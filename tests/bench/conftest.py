@@ -1,5 +1,5 @@
-"""Fixtures for the benchmark tests: the repo root on sys.path (bench/ is scripts, not an installed package),
-the desktop client's in-process mock server, and one real `parley serve` on the embedded models per session."""
+"""Fixtures for the benchmark tests: the desktop client's in-process mock server, and one real `parley serve` on
+the embedded models per session."""
 from __future__ import annotations
 
 import sys
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-for folder in (ROOT, ROOT / "tests" / "client"):  # bench.*; client_mock_server (the desktop client's mock)
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+_CLIENT_TESTS = str(ROOT / "tests" / "client")  # client_mock_server (the desktop client's mock)
+if _CLIENT_TESTS not in sys.path:
+    sys.path.insert(0, _CLIENT_TESTS)
 
 from bench._server import ServerProcess, start_server  # noqa: E402
 

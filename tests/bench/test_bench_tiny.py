@@ -18,13 +18,13 @@ pytestmark = pytest.mark.slow
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, str(ROOT / "bench" / name), *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     out, chart = tmp_path / "e2e.json", tmp_path / "e2e.png"
-    proc = run_script("e2e.py", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
+    proc = run_script("e2e", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     turns = result["turns"]
@@ -44,7 +44,7 @@ def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
 
 def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    proc = run_script("load.py", "--tiny", "--server", real_server.url, "--out", str(out))
+    proc = run_script("load", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     (level,) = result["levels"]
@@ -61,7 +61,7 @@ def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:
     """The same level against a server scheduling its stages as before (each on a thread at once) and one with
     the shared scheduler: both answer, and the table puts them side by side."""
     out = tmp_path / "load.json"
-    proc = run_script("load.py", "--tiny", "--scheduling", "both", "--out", str(out))
+    proc = run_script("load", "--tiny", "--scheduling", "both", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     for name in ("before", "after"):
@@ -76,7 +76,7 @@ def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:
 def test_load_tiny_split_topology(tmp_path: Path) -> None:
     """Two front ends whose stages are a `parley stages` process: the sessions are answered, dealt over both."""
     out = tmp_path / "load.json"
-    proc = run_script("load.py", "--tiny", "--topology", "split", "--out", str(out))
+    proc = run_script("load", "--tiny", "--topology", "split", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     (level,) = result["topologies"]["split"]
@@ -88,7 +88,7 @@ def test_load_tiny_split_topology(tmp_path: Path) -> None:
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative), the batching rows and the persona table (cold vs prefix hit)."""
-    proc = run_script("llm.py", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--skip-transformers", "--skip-llama-cpp",
+    proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--skip-transformers", "--skip-llama-cpp",
                       "--persona-sessions", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -116,7 +116,7 @@ def test_llm_table_tiny() -> None:
 def test_turns_tiny(tmp_path: Path) -> None:
     """bench/turns.py on two paused and two whole requests: one row per detector, each clip accounted for."""
     out = tmp_path / "turns.json"
-    proc = run_script("turns.py", "--tiny", "--out", str(out))
+    proc = run_script("turns", "--tiny", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert list(result["detectors"]) == ["fixed", "smart_turn", "text", "combined"]
@@ -136,7 +136,7 @@ def test_turns_tiny(tmp_path: Path) -> None:
 def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
     out = tmp_path / "soak.json"
-    proc = run_script("soak.py", "--tiny", "--server", real_server.url, "--out", str(out))
+    proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [row[0] for row in result["conversation"]] == ["1-5", "6-10"]
@@ -146,7 +146,7 @@ def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
 
 def test_voice_asr_batch_tiny() -> None:
     """bench/stages.py --asr-batch: the finals-batched-across-sessions table, one round of two."""
-    proc = run_script("stages.py", "--asr-batch", "--tiny")
+    proc = run_script("stages", "--asr-batch", "--tiny")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 ")]
     assert float(row[2]) > 0 and float(row[3]) > 0 and row[-1] == "yes", row  # timed, and the same transcripts

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-import audio_corpus
+from bench import corpus as audio_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import audio_corpus
+from bench import corpus as audio_corpus
 from browser_harness import ROOT, ServerProcess, free_port, mic_wav, page_stats, restart_and_expect_reconnect, wait_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

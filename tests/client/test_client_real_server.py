@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-import audio_corpus as corpus
+from bench import corpus
 from conftest import wait_for
 from desktop import main as client_cli
 from desktop.app import ClientOptions, DesktopClient
@@ -96,7 +96,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def question() -> tuple[np.ndarray, int]:
-    from audio_corpus import speak_piper
+    from bench.corpus import speak_piper
 
     # Piper's prosody noise off: the same question every run (with it, one run in a full suite heard
     # "capital or friends" under the guard test's echo)

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from parley.config import DEFAULT_CONFIG, load_config
 from server_config import TOKEN
 from ws_client import Client

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from server_config import TOKEN
 from ws_client import Client
 from voice.audio import pcm16_to_float, resample

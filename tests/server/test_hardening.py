@@ -23,7 +23,7 @@ from websockets.exceptions import InvalidStatus
 
 from web import protocol as P
 
-import audio_corpus as corpus
+from bench import corpus
 from server_config import TOKEN
 from server_process import ServerProcess
 from ws_client import Client

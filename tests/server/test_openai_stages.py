@@ -14,7 +14,7 @@ import openai
 import pytest
 import soundfile as sf
 
-import audio_corpus as corpus
+from bench import corpus
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from in_thread import serve_in_thread
 from server_config import TOKEN

@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from server_config import TOKEN
 from voice.audio import resample
 

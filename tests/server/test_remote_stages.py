@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from server_config import TOKEN
 from server_process import ServerProcess
 from voice.audio import pcm16_to_float, resample

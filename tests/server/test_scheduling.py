@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from voice.scheduler import StageScheduler
 from web.metrics import scheduler_exposition
 from ws_client import Client

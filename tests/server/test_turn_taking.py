@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from ws_client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from parley.locate import find_embedded
 
 

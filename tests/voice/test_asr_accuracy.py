@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 
 MAX_WER = 0.10
 

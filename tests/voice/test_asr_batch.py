@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import audio_corpus as corpus
+from bench import corpus
 
 
 def test_a_batch_transcribes_each_utterance_as_it_would_alone(tiny_transcriber, corpus_piper) -> None:

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from voice.asr import StreamingTranscriber, Transcript
 
 CHUNK = 1600  # 100 ms, what the session appends per batch of frames

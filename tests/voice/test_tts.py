@@ -8,7 +8,7 @@ import wave
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from voice.tts import CommandTts, CoquiTts, PiperTts, _parse_wav
 
 TEXT = "Sure. It is sunny today. Take a walk in the park."

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import audio_corpus as corpus
+from bench import corpus
 from voice.audio import Framer
 from voice.vad import Endpointer, SileroVad, SpeechEnded, SpeechStarted, Vad, WebRtcVad
 

@@ -1,6 +1,6 @@
-"""Spoken test corpus for every suite: everyday requests voiced by Piper, flite and espeak-ng, plus WER.
+"""The spoken corpus of the benchmarks and the tests: everyday requests voiced by Piper, flite and espeak-ng, plus WER.
 
-Test helper only (imports parley.locate to find the embedded voice); library code never imports it.
+For bench/ and tests/ only (imports parley.locate to find the embedded voice); library code never imports it.
 Every function returns float32 mono in [-1, 1] with its sample rate; `to_16k` brings it to the ASR rate.
 """
 from __future__ import annotations
