@@ -44,12 +44,25 @@ def _load(args: argparse.Namespace) -> AppConfig:
     return load_config(args.config, overrides)
 
 
+def _after_command(argv: Sequence[str], command: str) -> list[str]:
+    """The arguments after the subcommand `command` (top-level options and their values come before it)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--config", "--set"):
+            i += 2
+        elif argv[i] == command:
+            return list(argv[i + 1 :])
+        else:
+            i += 1
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    # The desktop client parses its own flags: pass through everything argparse does not know.
     args, unknown = parser.parse_known_args(argv)
-    if args.command == "client":
-        args.rest = [*args.rest, *unknown]
+    if args.command == "client":  # the desktop client parses its own flags, in their order
+        args.rest = _after_command(argv, "client")
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

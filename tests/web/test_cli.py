@@ -6,11 +6,12 @@ import pytest
 from parley.cli import main
 
 
-def test_client_flags_pass_through_to_the_desktop_client(capsys: pytest.CaptureFixture[str]) -> None:
-    # No sound card on CI machines: the client lists none and says what to do, with exit 0.
+def test_client_flags_pass_through_to_the_desktop_client(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from desktop import audio_io
+
+    monkeypatch.setattr(audio_io, "list_devices", lambda: [audio_io.DeviceInfo(7, "Test Mic", 1, 0, 48000.0)])
     assert main(["client", "--list-devices"]) == 0
-    out = capsys.readouterr().out
-    assert "audio devices" in out.lower()
+    assert capsys.readouterr().out.splitlines()[1].split() == ["7", "1", "0", "48000", "Test", "Mic"]
 
 
 def test_unknown_flag_for_other_commands_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -26,3 +27,12 @@ def test_client_help_is_the_clients_own(capsys: pytest.CaptureFixture[str]) -> N
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "--server" in out and "--push-to-talk" in out
+
+
+def test_client_flags_with_values_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    import desktop.main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(desktop.main, "main", lambda cfg, rest: seen.append(list(rest)) or 0)
+    assert main(["--set", "server.port=8123", "client", "--server", "127.0.0.1:9", "--token", "t", "--headphones"]) == 0
+    assert seen == [["--server", "127.0.0.1:9", "--token", "t", "--headphones"]]
