@@ -32,6 +32,7 @@ class MockState:
     personas: tuple[str, ...] = ("assistant", "concise", "storyteller")
     sessions: int = 0
     audio_bytes: int = 0
+    speech_starts: int = 0  # times the energy detector heard speech begin
     marks: list[tuple[int, float]] = field(default_factory=list)
     cancels: int = 0
     texts: list[str] = field(default_factory=list)
@@ -69,6 +70,7 @@ class _Session:
             self.silent_ms = 0.0
             if not self.in_speech and self.voiced_ms >= 100:
                 self.in_speech = True
+                self.state.speech_starts += 1
                 await self.send("vad.speech_started", turn_id=self.turn_id + 1, t_ms=self.heard_ms)
                 await self.cancel_reply()
         else:

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from client_mock_server import MockState, port_of, start_mock
-from conftest import speechlike, wait_for
+from support.sounds import speechlike
+from support.waiting import wait_for
 from desktop.app import ClientOptions, DesktopClient
 from desktop.audio_io import ArrayAudioIO
 from desktop.connection import ConnectError, Connection, backoff_s, ws_url
@@ -56,7 +57,7 @@ async def test_full_turn_plays_reply_marks_playback_and_fills_latency(mock: tupl
     audio.say(speechlike(0.8), 16000)
     await wait_for(lambda: any(e["type"] == "turn.trace" for e in client.events), what="turn.trace")
     await wait_for(lambda: client.jitter.status(1) is not None and client.jitter.status(1).finished, what="playback")
-    await asyncio.sleep(0.3)  # the last playback.mark goes out on the next tick
+    await wait_for(lambda: any(t == 1 and m > 1900 for t, m in state.marks), what="the last playback.mark")
     assert await finish(client, task) == 0
 
     assert client.view.user_text == "hello" and client.view.reply.startswith("Hello there")
@@ -85,7 +86,8 @@ async def test_barge_in_clear_stops_playback_at_once(mock: tuple[MockState, int]
     audio.say(speechlike(0.6, seed=9), 16000)  # the user talks over the reply
     await wait_for(lambda: any(e["type"] == "response.audio.clear" for e in client.events), what="clear")
     cleared_at = len(audio.played())
-    await asyncio.sleep(0.5)
+    # half a second of speaker output after the clear, counted in samples the speaker took, not in wall time
+    await wait_for(lambda: len(audio.played()) >= cleared_at + 44100 // 50 + 22050, what="speaker output after the clear")
     after = audio.played()[cleared_at + 44100 // 50:]  # one 20 ms block may already be out
     assert rms(after) < 0.01  # nothing of the 6 s reply plays after the clear
     assert client.jitter.status(1).played_ms < 4000
@@ -178,11 +180,12 @@ async def test_push_to_talk_sends_only_while_talking_and_talking_interrupts(mock
     state.reply_s = 5.0
     client, audio = make_client(port, push_to_talk=True)
     task = await started(client)
+    sent_before = state.audio_bytes
     audio.say(speechlike(0.6), 16000)
     await wait_for(audio.mic_idle.is_set, what="speech played into the microphone")
-    await asyncio.sleep(0.5)
-    assert not [e for e in client.events if e["type"] == "vad.speech_started"]  # not talking: silence was sent
-    assert state.audio_bytes > 0  # ... but the stream went on, so the server's endpointing keeps time
+    # the server judges audio as it arrives: once it has had more than the speech's length, it has judged all of it
+    await wait_for(lambda: state.audio_bytes - sent_before > 0.9 * 16000 * 2, what="the speech's stretch of the stream")
+    assert state.speech_starts == 0  # not talking: silence was sent, but the stream went on (the server keeps time)
     client.set_talking(True)
     audio.say(speechlike(0.6), 16000)
     await wait_for(lambda: client.jitter.playing(), what="reply")
@@ -204,12 +207,14 @@ def test_file_backed_audio_io_plays_a_wav_and_saves_the_speaker(tmp_path) -> Non
     io = file_audio_io(tmp_path / "mic.wav", input_rate=16000, output_rate=16000, echo_gain=0.5, echo_delay_ms=40)
     mic: list[np.ndarray] = []
     io.start(lambda block, t: mic.append(block), lambda n: np.full(n, 0.2, np.float32))
-    time.sleep(0.4)
+    deadline = time.monotonic() + 10.0
+    while sum(len(b) for b in mic) < 3200 + 640 + 1600 and time.monotonic() < deadline:  # the file, then 100 ms of echo
+        time.sleep(0.01)
     io.stop()
     heard = np.concatenate(mic)
     assert io.mic_idle.is_set() and rms(heard[:3200]) > 0.05  # the file, resampled to 16 kHz
     tail = heard[3200 + 640:]
-    assert np.allclose(tail, 0.1, atol=1e-6)  # then only the speaker's echo: 0.2 * 0.5
+    assert len(tail) >= 1600 and np.allclose(tail, 0.1, atol=1e-6)  # then only the speaker's echo: 0.2 * 0.5
     save_played(io, tmp_path / "out.wav")
     out, rate = sf.read(tmp_path / "out.wav", dtype="float32")
     assert rate == 16000 and np.allclose(out, 0.2, atol=1e-4)

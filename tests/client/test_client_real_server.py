@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from bench import corpus
-from conftest import wait_for
+from support.waiting import wait_for
 from desktop import main as client_cli
 from desktop.app import ClientOptions, DesktopClient
 from desktop.audio_io import ArrayAudioIO

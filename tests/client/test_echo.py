@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import speechlike
+from support.sounds import speechlike
 from desktop.echo import HalfDuplexGuard, NoEcho, WebRtcAec, aec_available, level_dbfs, make_echo_control
 
 BLOCK = 320  # 20 ms at 16 kHz

@@ -20,7 +20,8 @@ import pytest
 import soundfile as sf
 
 from client_mock_server import MockState, port_of, start_mock
-from conftest import speechlike, wait_for
+from support.sounds import speechlike
+from support.waiting import wait_for
 
 NEEDED = ("pulseaudio", "pactl", "paplay", "parecord")
 pytestmark = pytest.mark.skipif(any(shutil.which(b) is None for b in NEEDED),

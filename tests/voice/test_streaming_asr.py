@@ -9,6 +9,7 @@ import pytest
 
 from bench import corpus
 from voice.asr import StreamingTranscriber, Transcript
+from support.waiting import wait_for
 
 CHUNK = 1600  # 100 ms, what the session appends per batch of frames
 
@@ -93,7 +94,7 @@ async def test_a_partial_while_a_decode_runs_returns_none_instead_of_queueing():
     st = StreamingTranscriber(SlowTranscriber(["x"]), partial_interval_ms=100, min_partial_audio_ms=100)
     st.append(np.zeros(3200, dtype=np.float32))
     first = asyncio.create_task(st.partial())
-    await asyncio.sleep(0.05)
+    await wait_for(st._lock.locked, what="the first partial to start decoding")
     st.append(np.zeros(3200, dtype=np.float32))
     assert await st.partial() is None
     gate.set()
