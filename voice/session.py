@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import replace
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from voice.history import History, reply_content
 from voice.listener import Listener, Overloaded, Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.outbox import Outbox
@@ -85,7 +85,7 @@ class Session:
         self.instructions: str | None = None  # replaces the persona's system prompt (the Realtime API's)
         self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
         self.speak = True  # replies are spoken; else text only
-        self.history: list[tuple[str, str]] = []  # (role, content), what the user said and heard
+        self.memory = History(settings.history_chars, settings.history_messages)  # what the user said and heard
         self.turns = TurnTaking(settings.turns, settings.vad_threshold)
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
@@ -94,11 +94,9 @@ class Session:
         )  # fmt: skip
         self._reply: Reply | None = None  # the reply launched last
         self._reply_task: asyncio.Task[None] | None = None
-        self._interrupted: tuple[Reply, int] | None = None  # the reply interrupted last and its history index
-        self._said: dict[int, tuple[Reply, int]] = {}  # recent replies in the history: turn -> (reply, index)
+        self._interrupted: Reply | None = None  # the reply interrupted last (a playback mark may still correct it)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
-        self._exchange: tuple[int, int] | None = None  # (voice turn, history length before its user message)
         self._held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self._bg: set[asyncio.Task[Any]] = set()
         self._start_lock = asyncio.Lock()
@@ -116,6 +114,11 @@ class Session:
     @property
     def persona(self) -> PersonaSpec:
         return self.personas[self.persona_name]
+
+    @property
+    def history(self) -> list[tuple[str, str]]:
+        """(role, content): what the user said and heard, oldest first."""
+        return self.memory.messages
 
     @property
     def voice_name(self) -> str:
@@ -164,8 +167,8 @@ class Session:
 
     def add_user(self, text: str) -> None:
         """A user message into the history without a reply (the Realtime API's items; respond() answers it)."""
-        self.history.append(("user", text))
-        self._trim_history()
+        self.memory.add_user(text)
+        self.memory.trim()
 
     def respond(self) -> int:
         """Answer the history's last message, a user's. -> the reply's turn id."""
@@ -180,15 +183,10 @@ class Session:
         if running is not None and running.turn_id == turn_id and self._reply_task is not None and not self._reply_task.done():
             running.played_ms = heard_ms  # still ending (a barge-in races the client's truncate): it keeps this much
             return running.spoken(heard_ms)
-        said = self._said.get(turn_id)
-        if said is None or said[1] >= len(self.history) or self.history[said[1]][0] != "assistant":
-            raise InputError("invalid_message", f"truncate: the reply of turn {turn_id} is no longer in the history")
-        reply, index = said
-        if heard_ms > reply.sent_ms + PLAYED_SLACK_MS:
-            raise InputError("invalid_message", f"truncate: {heard_ms:.0f} ms heard of {reply.sent_ms:.0f} ms sent")
-        kept = reply.spoken(heard_ms) if self.speak else reply.text.strip()
-        self.history[index] = ("assistant", kept)
-        return kept
+        try:
+            return self.memory.truncate(turn_id, heard_ms, self.speak, PLAYED_SLACK_MS)
+        except ValueError as exc:
+            raise InputError("invalid_message", f"truncate: {exc}") from None
 
     def retune(self, turns: TurnPolicy, vad_threshold: float) -> None:
         """Another turn policy from the next turn on (the Realtime API's turn_detection)."""
@@ -207,7 +205,7 @@ class Session:
     def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
         if turn_id > self.turns.last_turn:
             raise InputError("invalid_message", f"playback.mark: turn {turn_id} has not begun")
-        for known in (self._reply, self._interrupted and self._interrupted[0]):
+        for known in (self._reply, self._interrupted):
             if known is not None and known.turn_id == turn_id and played_ms > known.sent_ms + PLAYED_SLACK_MS:
                 raise InputError("invalid_message", f"playback.mark: {played_ms:.0f} ms played of {known.sent_ms:.0f} ms sent")
         reply = self._reply
@@ -271,13 +269,7 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
-        history = self.history
-        if joins is not None and self._exchange is not None and self._exchange[0] == joins:
-            history = history[: self._exchange[1]]
-        msgs = [("system", self.instructions or self.persona.system_prompt), *history]
-        if user_text is not None:
-            msgs.append(("user", user_text))
-        return msgs
+        return self.memory.prompt(self.instructions or self.persona.system_prompt, user_text, joins)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a
@@ -320,8 +312,8 @@ class Session:
             elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
                 utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
                 self.spawn(self._start_reply, a, utt.trace if utt is not None else typed, utt)
-            elif isinstance(a, Correct):
-                self._correct(a)
+            elif isinstance(a, Correct):  # a playback mark that came after its reply was interrupted
+                self.memory.correct(a.turn_id, a.played_ms)
 
     def _hearing(self, turn_id: int) -> Utterance | None:
         utt = self.listener.utt
@@ -426,15 +418,6 @@ class Session:
         if self._reply is not None:
             self._interrupt(self._reply.turn_id, None)
 
-    def _correct(self, a: Correct) -> None:
-        """A playback mark that came after its reply was interrupted: the history keeps what was played."""
-        if self._interrupted is None or self._interrupted[0].turn_id != a.turn_id:
-            return
-        reply, index = self._interrupted
-        reply.played_ms = a.played_ms
-        if index < len(self.history) and self.history[index][0] == "assistant":
-            self.history[index] = ("assistant", reply.spoken())
-
     # -- replying ---------------------------------------------------------------------------------------
 
     async def _start_reply(self, a: ReplyTo, trace: TurnTrace | None, utt: Utterance | None) -> None:
@@ -455,42 +438,17 @@ class Session:
             assert a.text is not None and trace is not None
             joins = trace.info.get("joins")
             messages = self.messages(a.text, joins)
-            if joins is not None and self._exchange is not None and self._exchange[0] == joins:
-                del self.history[self._exchange[1] :]  # the early reply to half of this request goes
-                self._interrupted = None
-            dropped = self._trim_history()  # only when a single typed turn outgrew it (or after a joined one)
+            self.memory.drop_joined(joins)  # the early reply to half of this request goes
+            dropped = self.memory.trim()  # only when a single typed turn outgrew it (or after a joined one)
             if dropped:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(self.history)}
                 messages = self.messages(a.text)
-            if a.kind == "voice":
-                self._exchange = (a.turn_id, len(self.history))
-            self.history.append(("user", a.text))
+            self.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             deltas = self._llm_deltas(messages, trace, utt, call)
             self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
-
-    def _trim_history(self) -> int:
-        """A conversation that outgrew settings.history_chars loses its oldest half at once, from a user turn on:
-        the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping
-        one message a turn changed it every turn. -> how many messages went."""
-        limit, most = self.settings.history_chars, self.settings.history_messages
-        if sum(len(text) for _, text in self.history) <= limit and len(self.history) <= most:
-            return 0
-        keep_chars, cut = limit // 2, len(self.history)
-        while cut > 0 and keep_chars - len(self.history[cut - 1][1]) >= 0 and len(self.history) - cut < most // 2:
-            cut -= 1
-            keep_chars -= len(self.history[cut][1])
-        while cut < len(self.history) and self.history[cut][0] != "user":
-            cut += 1
-        del self.history[:cut]
-        if self._exchange is not None:  # indices into the history move down with it; gone if what they held went
-            self._exchange = (self._exchange[0], self._exchange[1] - cut) if self._exchange[1] >= cut else None
-        if self._interrupted is not None:
-            self._interrupted = (self._interrupted[0], self._interrupted[1] - cut) if self._interrupted[1] >= cut else None
-        self._said = {t: (r, i - cut) for t, (r, i) in self._said.items() if i >= cut}
-        return cut
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         binding = self.stages.voices[self.voice_name] if self.speak else None
@@ -518,15 +476,11 @@ class Session:
             self._finish_reply(reply, trace, interrupted)
 
     def _finish_reply(self, reply: Reply, trace: TurnTrace | None, interrupted: bool) -> None:
-        spoken = reply.spoken() if interrupted else reply.spoken(math.inf)
-        content = spoken if interrupted else reply.text.strip()
+        spoken, content = reply_content(reply, interrupted)
         if content:
-            self.history.append(("assistant", content))
-            self._said[reply.turn_id] = (reply, len(self.history) - 1)
-            if len(self._said) > 16:
-                del self._said[next(iter(self._said))]
+            self.memory.add_reply(reply, content, interrupted)
             if interrupted:
-                self._interrupted = (reply, len(self.history) - 1)
+                self._interrupted = reply
         llm = trace.info.get("llm") if trace is not None else None  # the engine's counts, once its finish came
         usage = None if llm is None else {"input_tokens": llm["prefill_tokens"] + llm["reused_tokens"],
                                           "cached_tokens": llm["reused_tokens"], "output_tokens": llm["decode_tokens"]}  # fmt: skip
@@ -534,7 +488,7 @@ class Session:
                          usage=usage)  # fmt: skip
         if self._ended is not None and self._ended.turn_id == reply.turn_id:
             self._ended = None
-        dropped = self._trim_history()  # now, so the shorter prompt is back in the cache before the next turn
+        dropped = self.memory.trim()  # now, so the shorter prompt is back in the cache before the next turn
         if dropped:
             if trace is not None:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(self.history)}

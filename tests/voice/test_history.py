@@ -1,0 +1,90 @@
+"""The conversation's memory as a pure core: scripted turns and replies in, the messages a prompt gets out."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from voice.history import History, reply_content
+
+
+@dataclass
+class Said:
+    """A reply whose words each took 100 ms of audio."""
+
+    turn_id: int
+    text: str
+    played_ms: float = 0.0
+
+    @property
+    def sent_ms(self) -> float:
+        return 100.0 * len(self.text.split())
+
+    def spoken(self, heard_ms: float | None = None) -> str:
+        ms = self.played_ms if heard_ms is None else heard_ms
+        words = self.text.split()
+        return " ".join(words[: len(words) if math.isinf(ms) else int(ms // 100)])
+
+
+def test_a_continuation_replaces_the_exchange_it_joins() -> None:
+    h = History(max_chars=10_000, max_messages=100)
+    h.add_user("hello", voice_turn=1)
+    h.add_reply(Said(1, "Hi there."), "Hi there.", interrupted=False)
+    h.add_user("book a table", voice_turn=2)
+    early = Said(2, "Sure, for when?")
+    h.add_reply(early, *reply_content(early, interrupted=True)[1:], interrupted=True)
+    assert h.prompt("sys", "book a table for four", joins=2) == [
+        ("system", "sys"), ("user", "hello"), ("assistant", "Hi there."), ("user", "book a table for four")]
+    h.drop_joined(2)
+    assert h.messages == [("user", "hello"), ("assistant", "Hi there.")]
+    h.drop_joined(1)  # only the last voice exchange can be joined
+    assert len(h.messages) == 2
+
+
+def test_an_interrupted_reply_keeps_what_was_heard_and_a_late_mark_corrects_it() -> None:
+    h = History(max_chars=10_000, max_messages=100)
+    h.add_user("tell me a story", voice_turn=1)
+    reply = Said(1, "Once upon a time there was a fox.", played_ms=200.0)
+    spoken, content = reply_content(reply, interrupted=True)
+    assert spoken == content == "Once upon"
+    h.add_reply(reply, content, interrupted=True)
+    h.correct(1, 400.0)  # the client had played more than the interrupt knew
+    assert h.messages[-1] == ("assistant", "Once upon a time")
+    h.correct(2, 800.0)  # another turn's mark changes nothing
+    assert h.messages[-1] == ("assistant", "Once upon a time")
+
+
+def test_truncate_keeps_the_words_heard_and_refuses_what_it_cannot_know() -> None:
+    h = History(max_chars=10_000, max_messages=100)
+    h.add_user("hi")
+    h.add_reply(Said(1, "Hello, how can I help?"), "Hello, how can I help?", interrupted=False)
+    assert h.truncate(1, 200.0, spoken=True, slack_ms=0.0) == "Hello, how"
+    assert h.messages[-1] == ("assistant", "Hello, how")
+    with pytest.raises(ValueError, match="ms heard of"):
+        h.truncate(1, 5000.0, spoken=True, slack_ms=1000.0)
+    with pytest.raises(ValueError, match="no longer in the history"):
+        h.truncate(7, 100.0, spoken=True, slack_ms=0.0)
+
+
+def test_trim_drops_the_oldest_half_from_a_user_turn_and_moves_the_indices() -> None:
+    h = History(max_chars=60, max_messages=100)
+    for turn in range(1, 6):
+        h.add_user(f"question {turn}", voice_turn=turn)
+        h.add_reply(Said(turn, f"answer number {turn}"), f"answer number {turn}", interrupted=False)
+    before = len(h.messages)
+    dropped = h.trim()
+    assert dropped > 0 and len(h.messages) == before - dropped
+    assert h.messages[0][0] == "user" and sum(len(t) for _, t in h.messages) <= 60
+    assert h.trim() == 0  # within bounds now: nothing more goes
+    assert h.truncate(5, 100.0, spoken=True, slack_ms=0.0) == "answer"  # the last reply is still found
+    with pytest.raises(ValueError):
+        h.truncate(1, 100.0, spoken=True, slack_ms=0.0)  # the first one went with the cut
+
+
+def test_trim_by_count() -> None:
+    h = History(max_chars=10_000, max_messages=4)
+    for turn in range(1, 4):
+        h.add_user("q")
+        h.add_reply(Said(turn, "a"), "a", interrupted=False)
+    assert h.trim() == 4 and h.messages == [("user", "q"), ("assistant", "a")]

@@ -1,0 +1,112 @@
+"""A conversation's memory: what the user said and what they heard, in order, kept within bounds.
+
+Pure and synchronous (no asyncio, no clock, no models): voice.session records into it as turns and replies end.
+Beside the messages it remembers where recent replies sit, so that what the user actually heard can replace what
+was written (a barge-in, a playback mark that comes late, the Realtime API's truncate), and where the last voice
+exchange began, so that a continuation joining its request replaces that exchange.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+Message = tuple[str, str]  # (role, content)
+RECENT_REPLIES = 16  # replies whose place in the history is remembered (for truncate)
+
+
+class HeardReply(Protocol):
+    """What the history needs of a reply (voice.reply.Reply)."""
+
+    turn_id: int
+    text: str
+    sent_ms: float
+    played_ms: float
+
+    def spoken(self, heard_ms: float | None = None) -> str: ...
+
+
+class History:
+    def __init__(self, max_chars: int, max_messages: int) -> None:
+        self.max_chars, self.max_messages = max_chars, max_messages
+        self.messages: list[Message] = []
+        self._said: dict[int, tuple[HeardReply, int]] = {}  # recent replies: turn -> (reply, index)
+        self._interrupted: tuple[HeardReply, int] | None = None  # the reply interrupted last, and its index
+        self._exchange: tuple[int, int] | None = None  # (voice turn, number of messages before its user message)
+
+    def prompt(self, system: str, user_text: str | None = None, joins: int | None = None) -> list[Message]:
+        """System, history, the user's text. `joins`: the turn this one continues, whose exchange (its user message
+        and what was heard of its reply) the joined request replaces."""
+        kept = self.messages
+        if joins is not None and self._exchange is not None and self._exchange[0] == joins:
+            kept = kept[: self._exchange[1]]
+        return [("system", system), *kept, *([("user", user_text)] if user_text is not None else [])]
+
+    def drop_joined(self, joins: int | None) -> None:
+        """A request continued: the exchange of the turn it joins (its user message, the early reply) goes."""
+        if joins is not None and self._exchange is not None and self._exchange[0] == joins:
+            del self.messages[self._exchange[1] :]
+            self._interrupted = None
+
+    def add_user(self, text: str, voice_turn: int | None = None) -> None:
+        """`voice_turn`: the voice turn this message is, so that a continuation can later replace its exchange."""
+        if voice_turn is not None:
+            self._exchange = (voice_turn, len(self.messages))
+        self.messages.append(("user", text))
+
+    def add_reply(self, reply: HeardReply, content: str, interrupted: bool) -> None:
+        self.messages.append(("assistant", content))
+        index = len(self.messages) - 1
+        self._said[reply.turn_id] = (reply, index)
+        if len(self._said) > RECENT_REPLIES:
+            del self._said[next(iter(self._said))]
+        if interrupted:
+            self._interrupted = (reply, index)
+
+    def correct(self, turn_id: int, played_ms: float) -> None:
+        """A playback mark that came after its reply was interrupted: the history keeps what was played."""
+        if self._interrupted is None or self._interrupted[0].turn_id != turn_id:
+            return
+        reply, index = self._interrupted
+        reply.played_ms = played_ms
+        if index < len(self.messages) and self.messages[index][0] == "assistant":
+            self.messages[index] = ("assistant", reply.spoken())
+
+    def truncate(self, turn_id: int, heard_ms: float, spoken: bool, slack_ms: float) -> str:
+        """A recent reply keeps only its words of the first `heard_ms` (all of its text when it was not spoken).
+        -> what is kept. ValueError when it is no longer in the history or `heard_ms` is more than was sent."""
+        said = self._said.get(turn_id)
+        if said is None or said[1] >= len(self.messages) or self.messages[said[1]][0] != "assistant":
+            raise ValueError(f"the reply of turn {turn_id} is no longer in the history")
+        reply, index = said
+        if heard_ms > reply.sent_ms + slack_ms:
+            raise ValueError(f"{heard_ms:.0f} ms heard of {reply.sent_ms:.0f} ms sent")
+        kept = reply.spoken(heard_ms) if spoken else reply.text.strip()
+        self.messages[index] = ("assistant", kept)
+        return kept
+
+    def trim(self) -> int:
+        """A conversation that outgrew max_chars or max_messages loses its oldest half at once, from a user turn on:
+        the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping one
+        message a turn changed it every turn. -> how many messages went."""
+        msgs = self.messages
+        if sum(len(text) for _, text in msgs) <= self.max_chars and len(msgs) <= self.max_messages:
+            return 0
+        keep_chars, cut = self.max_chars // 2, len(msgs)
+        while cut > 0 and keep_chars - len(msgs[cut - 1][1]) >= 0 and len(msgs) - cut < self.max_messages // 2:
+            cut -= 1
+            keep_chars -= len(msgs[cut][1])
+        while cut < len(msgs) and msgs[cut][0] != "user":
+            cut += 1
+        del msgs[:cut]
+        if self._exchange is not None:  # indices move down with the cut; gone if what they held went
+            self._exchange = (self._exchange[0], self._exchange[1] - cut) if self._exchange[1] >= cut else None
+        if self._interrupted is not None:
+            self._interrupted = (self._interrupted[0], self._interrupted[1] - cut) if self._interrupted[1] >= cut else None
+        self._said = {t: (r, i - cut) for t, (r, i) in self._said.items() if i >= cut}
+        return cut
+
+
+def reply_content(reply: HeardReply, interrupted: bool) -> tuple[str, str]:
+    """-> (what was spoken of `reply`, what the history keeps of it): an interrupted reply keeps what was heard."""
+    spoken = reply.spoken() if interrupted else reply.spoken(math.inf)
+    return spoken, spoken if interrupted else reply.text.strip()
