@@ -1,25 +1,25 @@
 """One conversation per connection: persona, history, the user's turns and at most one reply.
 
 Every decision about who holds the floor is made by voice.turntaking; this is the async shell that runs what it
-asks for: the Listener hears, a Reply speaks, the LLM bridge writes. Knows nothing of sockets, JSON or config
-files (parley.runtime builds its settings and stages). The wire protocol and trace: docs/protocol.md.
+asks for: the Listener hears, the Replies (voice.replies) speak, the History (voice.history) remembers. Knows
+nothing of sockets, JSON or config files (parley.runtime builds its settings and stages). The wire protocol and
+trace: docs/protocol.md.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import aclosing, suppress
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from voice.history import History, reply_content
+from voice.history import History
 from voice.listener import Listener, Overloaded, Utterance
-from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
-from voice.reply import Reply
+from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
 from voice.turntaking import (
@@ -40,10 +40,6 @@ from voice.turntaking import Reply as ReplyTo
 __all__ = ["InputError", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
 
-# A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
-# the trace carries playback_start even when the whole reply was sent before the client began playing.
-TRACE_HOLD_S = 1.0
-PLAYED_SLACK_MS = 1000.0  # a playback mark may run this far past the audio sent (rounding, pieces in flight)
 
 
 class InputError(Exception):
@@ -53,10 +49,6 @@ class InputError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-class LlmFailed(RuntimeError):
-    """The engine reported an error for this request."""
 
 
 class Session:
@@ -92,16 +84,11 @@ class Session:
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner,
         )  # fmt: skip
-        self._reply: Reply | None = None  # the reply launched last
-        self._reply_task: asyncio.Task[None] | None = None
-        self._interrupted: Reply | None = None  # the reply interrupted last (a playback mark may still correct it)
+        self.replies = Replies(self)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
-        self._held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self._bg: set[asyncio.Task[Any]] = set()
-        self._start_lock = asyncio.Lock()
-        self._warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
-        self._tg: asyncio.TaskGroup | None = None
+        self.task_group: asyncio.TaskGroup | None = None  # the session's tasks, while run() runs
         self._early: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
 
     @property
@@ -143,9 +130,9 @@ class Session:
         switched = name != self.persona_name
         self.persona_name, self.voice_override = name, checked_voice
         if switched and self.settings.warm_prompt:
-            self.spawn(self._warm_prompt)
+            self.spawn(self.warm_prompt)
         if switched and self.persona.greeting and self.settings.greet:
-            self._apply(self.turns.greet())
+            self.apply(self.turns.greet())
 
     # -- inputs from the socket layer ------------------------------------------------------------
 
@@ -162,7 +149,7 @@ class Session:
         turn_id = next(a.turn_id for a in actions if isinstance(a, ReplyTo))
         trace = self.new_trace(turn_id, "text")
         trace.mark("endpoint")
-        self._apply(actions, typed=trace)
+        self.apply(actions, typed=trace)
         return turn_id
 
     def add_user(self, text: str) -> None:
@@ -179,8 +166,8 @@ class Session:
     def truncate(self, turn_id: int, heard_ms: float) -> str:
         """The history keeps only the words of a recent reply's first `heard_ms` (the Realtime API's truncate,
         from a client that knows what it played). -> what is kept."""
-        running = self._reply
-        if running is not None and running.turn_id == turn_id and self._reply_task is not None and not self._reply_task.done():
+        running = self.replies.running(turn_id)
+        if running is not None:
             running.played_ms = heard_ms  # still ending (a barge-in races the client's truncate): it keeps this much
             return running.spoken(heard_ms)
         try:
@@ -200,42 +187,34 @@ class Session:
         return turns if getattr(stages.llm, "probes_user_end", True) else turns.without_text()
 
     def cancel_reply(self) -> None:
-        self._apply(self.turns.cancel())
+        self.apply(self.turns.cancel())
 
     def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
         if turn_id > self.turns.last_turn:
             raise InputError("invalid_message", f"playback.mark: turn {turn_id} has not begun")
-        for known in (self._reply, self._interrupted):
-            if known is not None and known.turn_id == turn_id and played_ms > known.sent_ms + PLAYED_SLACK_MS:
-                raise InputError("invalid_message", f"playback.mark: {played_ms:.0f} ms played of {known.sent_ms:.0f} ms sent")
-        reply = self._reply
-        if reply is not None and reply.turn_id == turn_id:
-            reply.played_ms = played_ms
-            if reply.trace is not None:
-                reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
-        held = self._held.pop(turn_id, None)
-        if held is not None:
-            held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
-            self._send_trace(held)
-        self._apply(self.turns.played(turn_id, played_ms))
+        wrong = self.replies.check_mark(turn_id, played_ms)
+        if wrong is not None:
+            raise InputError("invalid_message", f"playback.mark: {wrong}")
+        self.replies.played(turn_id, played_ms, arrival_ns)
+        self.apply(self.turns.played(turn_id, played_ms))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Listen until cancelled; replies and the work on each turn run beside the listen loop."""
         async with asyncio.TaskGroup() as tg:
-            self._tg = tg
+            self.task_group = tg
             if self.settings.warm_prompt:
-                self.spawn(self._warm_prompt)
+                self.spawn(self.warm_prompt)
             if self.persona.greeting and self.settings.greet:
-                self._apply(self.turns.greet())
+                self.apply(self.turns.greet())
             early, self._early = self._early, []
             for fn, args in early:
                 self.spawn(fn, *args)
             vad = await self.listener.start()
             self.turns.listen(vad.frame_ms, float(getattr(vad, "end_lag_ms", 0.0)))
             async for frame in self.listener.frames():
-                self._apply(self.turns.frame(frame.prob, frame.t_ms))
+                self.apply(self.turns.frame(frame.prob, frame.t_ms))
                 if self.listener.feed(frame.samples):
                     utt = self.listener.utt
                     assert utt is not None
@@ -243,23 +222,25 @@ class Session:
 
     async def close(self) -> None:
         """Stop everything this session started, wait for it, and free its engine slot."""
-        self._stop_current()
+        self.replies.stop_current()
         self._early.clear()
-        tasks = [t for t in [*self._bg, self._reply_task] if t is not None]
+        tasks = [t for t in [*self._bg, self.replies.task] if t is not None]
         for task in tasks:
             task.cancel()
         pending = [t for t in tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)
-        for turn_id in list(self._held):  # held traces whose timer never ran still reach the log
-            self._send_trace(self._held.pop(turn_id))
+        self.replies.close()
         await asyncio.to_thread(self.stages.llm.release, self.session_id)
 
     async def reply_finished(self, timeout_s: float) -> None:
         """Wait (at most `timeout_s`) for the reply being spoken to end by itself."""
-        task = self._reply_task
-        if task is not None and not task.done():
-            await asyncio.wait([task], timeout=timeout_s)
+        await self.replies.finished(timeout_s)
+
+    def reply_done(self, turn_id: int) -> None:
+        """A reply ended (voice.replies): the voice turn it answered can no longer be joined by a continuation."""
+        if self._ended is not None and self._ended.turn_id == turn_id:
+            self._ended = None
 
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
@@ -274,10 +255,10 @@ class Session:
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a
         task cancelled before it starts leaves no coroutine behind un-awaited."""
-        if self._tg is None:  # a command that came before run() got going: started by run()
+        if self.task_group is None:  # a command that came before run() got going: started by run()
             self._early.append((fn, args))
             return None
-        task = self._tg.create_task(self._guard(fn, args))
+        task = self.task_group.create_task(self._guard(fn, args))
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
         return task
@@ -292,7 +273,8 @@ class Session:
 
     # -- running what turn-taking asks ------------------------------------------------------------
 
-    def _apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
+    def apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
+        """Run what turn-taking asked for (also called by voice.replies as replies end)."""
         for a in actions:
             if isinstance(a, OpenTurn):
                 self._open_turn(a)
@@ -308,10 +290,10 @@ class Session:
             elif isinstance(a, DropTurn):
                 self._drop_turn(a)
             elif isinstance(a, Interrupt):
-                self._interrupt(a.turn_id, a.t_ms)
+                self.replies.interrupt(a.turn_id, a.t_ms)
             elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
                 utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
-                self.spawn(self._start_reply, a, utt.trace if utt is not None else typed, utt)
+                self.spawn(self.replies.start, a, utt.trace if utt is not None else typed, utt)
             elif isinstance(a, Correct):  # a playback mark that came after its reply was interrupted
                 self.memory.correct(a.turn_id, a.played_ms)
 
@@ -331,7 +313,7 @@ class Session:
                 ended.trace.info["joined_into"] = a.turn_id
                 if self._finishing is not None and not self._finishing.done():
                     self._finishing.cancel()  # its reply never starts: the trace goes to the log as it is
-                    self._send_trace(ended.trace)
+                    self.replies.send_trace(ended.trace)
             self._ended = None
         self.listener.open(a.turn_id, trace, a.start_ms, continues)
         self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), **({"joins": a.joins} if a.joins else {}))
@@ -350,7 +332,7 @@ class Session:
             return
         policy = self.settings.turns
         audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, policy.uses_text)
-        self._apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
+        self.apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
 
     def _end_turn(self, a: EndTurn) -> None:
         utt = self._hearing(a.turn_id)
@@ -373,12 +355,12 @@ class Session:
             utt.discard()
         self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1), dropped=True)
 
-    async def _warm_prompt(self) -> None:
+    async def warm_prompt(self) -> None:
         """The prompt so far (the system prompt, and the history once some was dropped) into this session's
         cache while the user speaks, not after they finish (~50 tokens ~80 ms here; ~700 tokens ~1.1 s)."""
         done = await self.stages.llm.prefill(self.session_id, self.messages())
         if isinstance(done, LlmFinish):  # copied from another session's slot: the next reply's trace says so
-            self._warm_shared += done.shared_prefix_tokens
+            self.replies.warm_shared += done.shared_prefix_tokens
 
     async def _partial(self, utt: Utterance) -> None:
         text = await self.listener.partial(utt)
@@ -394,165 +376,10 @@ class Session:
         actions = self.turns.heard(utt.turn_id, text)
         if actions and not self.auto_reply:  # heard, not answered: the history waits for respond()
             actions = [a for a in actions if not isinstance(a, ReplyTo)]
-            self._apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
+            self.apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
             self.add_user(text)
         if not actions:
             utt.discard()
             if self._ended is utt:
                 self._ended = None
-        self._apply(actions)
-
-    def _interrupt(self, turn_id: int, t_ms: float | None) -> None:
-        """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
-        that interrupts, the audio time at which it decided (sent with the clear)."""
-        task, reply = self._reply_task, self._reply
-        if task is None or task.done() or reply is None or reply.turn_id != turn_id or reply.stopped:
-            return
-        reply.stopped = True
-        self.outbox.clear(reply.turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
-        if reply.trace is not None:
-            reply.trace.mark("interrupted")
-        task.cancel()
-
-    def _stop_current(self) -> None:
-        if self._reply is not None:
-            self._interrupt(self._reply.turn_id, None)
-
-    # -- replying ---------------------------------------------------------------------------------------
-
-    async def _start_reply(self, a: ReplyTo, trace: TurnTrace | None, utt: Utterance | None) -> None:
-        async with self._start_lock:  # at most one reply: the one before is stopped and waited for
-            if self.turns.replying_to != a.turn_id:
-                return  # a newer reply was asked for before this one could start
-            task = self._reply_task
-            self._stop_current()  # told to stop when this reply was asked for, unless it had not started then
-            if task is not None and not task.done():
-                await asyncio.wait([task])
-            if a.kind == "greeting":
-                greeting = self.persona.greeting
-                if not greeting:
-                    self._apply(self.turns.reply_ended(a.turn_id, interrupted=False))
-                    return
-                self._launch(self._reply_for(a.turn_id, None), self._fixed(greeting), None)
-                return
-            assert a.text is not None and trace is not None
-            joins = trace.info.get("joins")
-            messages = self.messages(a.text, joins)
-            self.memory.drop_joined(joins)  # the early reply to half of this request goes
-            dropped = self.memory.trim()  # only when a single typed turn outgrew it (or after a joined one)
-            if dropped:
-                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(self.history)}
-                messages = self.messages(a.text)
-            self.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
-            if utt is not None:
-                utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
-            call: list[LlmCall] = []  # the engine request, once the reply task has made it
-            deltas = self._llm_deltas(messages, trace, utt, call)
-            self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
-
-    def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
-        binding = self.stages.voices[self.voice_name] if self.speak else None
-        return Reply(
-            turn_id, self.outbox, binding, self.persona.speaking_rate, self.settings.output_sample_rate,
-            trace, self.stages.tts_work, self.settings.audio_lead_ms, self.stages.runner, self.session_id,
-        )  # fmt: skip
-
-    def _launch(
-        self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None] = lambda on: None
-    ) -> None:
-        assert self._tg is not None, "session is not running"
-        self._reply = reply
-        self._reply_task = self._tg.create_task(self._respond(reply, deltas, trace, hold))
-
-    async def _respond(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None]) -> None:
-        interrupted = True  # unless the reply runs to its end
-        try:
-            await reply.run(deltas, hold)
-            interrupted = False
-        except* (LlmFailed, OSError, RuntimeError, ValueError) as group:  # a stage failed: this reply ends, the session lives
-            log.warning("session %s turn %d failed: %r", self.session_id, reply.turn_id, group.exceptions)
-            self.outbox.send("error", code="reply_failed", message=str(group.exceptions[0]), fatal=False)
-        finally:
-            self._finish_reply(reply, trace, interrupted)
-
-    def _finish_reply(self, reply: Reply, trace: TurnTrace | None, interrupted: bool) -> None:
-        spoken, content = reply_content(reply, interrupted)
-        if content:
-            self.memory.add_reply(reply, content, interrupted)
-            if interrupted:
-                self._interrupted = reply
-        llm = trace.info.get("llm") if trace is not None else None  # the engine's counts, once its finish came
-        usage = None if llm is None else {"input_tokens": llm["prefill_tokens"] + llm["reused_tokens"],
-                                          "cached_tokens": llm["reused_tokens"], "output_tokens": llm["decode_tokens"]}  # fmt: skip
-        self.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken,
-                         usage=usage)  # fmt: skip
-        if self._ended is not None and self._ended.turn_id == reply.turn_id:
-            self._ended = None
-        dropped = self.memory.trim()  # now, so the shorter prompt is back in the cache before the next turn
-        if dropped:
-            if trace is not None:
-                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(self.history)}
-            if self.settings.warm_prompt:
-                with suppress(RuntimeError):  # the task group is shutting down: the session is closing
-                    self.spawn(self._warm_prompt)
-        self._apply(self.turns.reply_ended(reply.turn_id, interrupted))
-        if trace is not None:
-            trace.mark("interrupted" if interrupted else "done")
-            if interrupted or trace.has("playback_start") or not trace.has("first_audio_sent") or not self._hold(trace):
-                self._send_trace(trace)
-
-    def _hold(self, trace: TurnTrace) -> bool:
-        """Keep a finished trace until the client's first playback mark or TRACE_HOLD_S; False if it cannot wait."""
-        if self._tg is None:
-            return False
-        self._held[trace.turn_id] = trace
-        try:
-            self.spawn(self._release_held, trace.turn_id)
-        except RuntimeError:  # the task group is shutting down: the session is closing
-            self._held.pop(trace.turn_id)
-            return False
-        return True
-
-    async def _release_held(self, turn_id: int) -> None:
-        try:
-            await asyncio.sleep(TRACE_HOLD_S)
-        finally:  # also when the session closes: the trace still reaches the log
-            trace = self._held.pop(turn_id, None)
-            if trace is not None:
-                self._send_trace(trace)
-
-    def _send_trace(self, trace: TurnTrace) -> None:
-        self.outbox.send("turn.trace", **trace.to_dict())
-        self.on_trace(trace)
-
-    async def _llm_deltas(
-        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall]
-    ) -> AsyncIterator[str]:
-        persona = self.persona
-        llm_start_ns = trace.mark("llm_start")
-        events = self.stages.llm.generate(
-            self.session_id, messages, max_new_tokens=persona.max_reply_tokens, temperature=persona.temperature
-        )
-        call.append(events)
-        async with aclosing(events):
-            async for event in events:
-                if isinstance(event, LlmToken):
-                    trace.mark("llm_first_token")
-                    yield event.text
-                elif isinstance(event, LlmFinish):
-                    trace.info["llm"] = {
-                        "finish": event.reason, "prefill_tokens": event.prefill_tokens, "reused_tokens": event.reused_tokens,
-                        "decode_tokens": event.decode_tokens, "queue_ms": round(event.queue_ms, 3),
-                        # this reply's prompt tokens that came from another session's cache (copied by the
-                        # reply itself, or by the session's warm-up before it)
-                        "shared_prefix_tokens": event.shared_prefix_tokens + self._warm_shared,
-                    }  # fmt: skip
-                    self._warm_shared = 0
-                    if utt is not None:
-                        trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"], llm_start_ns, event)
-                elif isinstance(event, LlmError):
-                    raise LlmFailed(event.message)
-
-    @staticmethod
-    async def _fixed(text: str) -> AsyncIterator[str]:
-        yield text
+        self.apply(actions)

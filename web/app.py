@@ -26,7 +26,7 @@ from web.ws import handle
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
-_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Connection.", "RealtimeConnection.", "LlmBridge.")
+_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.")
 
 
 def _session_tasks() -> int:

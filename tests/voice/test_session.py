@@ -222,9 +222,9 @@ async def test_engine_error_fails_the_reply_not_the_session() -> None:
 
 async def test_a_finished_replys_trace_waits_for_the_clients_first_playback_mark(monkeypatch: pytest.MonkeyPatch) -> None:
     """A short reply is all sent before the client starts playing: its trace still gets playback_start."""
-    import voice.session as session_module
+    import voice.replies as replies_module
 
-    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 30.0)
+    monkeypatch.setattr(replies_module, "TRACE_HOLD_S", 30.0)
     async with Harness() as h:
         h.session.text_input("hello")
         done = await h.wait_for("response.done")
@@ -238,9 +238,9 @@ async def test_a_finished_replys_trace_waits_for_the_clients_first_playback_mark
 
 
 async def test_without_a_playback_mark_the_held_trace_is_sent_after_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    import voice.session as session_module
+    import voice.replies as replies_module
 
-    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 0.05)
+    monkeypatch.setattr(replies_module, "TRACE_HOLD_S", 0.05)
     async with Harness() as h:
         h.session.text_input("hello")
         trace = await h.wait_for("turn.trace")
@@ -249,9 +249,9 @@ async def test_without_a_playback_mark_the_held_trace_is_sent_after_the_hold(mon
 
 
 async def test_closing_the_session_sends_a_held_trace_to_the_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    import voice.session as session_module
+    import voice.replies as replies_module
 
-    monkeypatch.setattr(session_module, "TRACE_HOLD_S", 30.0)
+    monkeypatch.setattr(replies_module, "TRACE_HOLD_S", 30.0)
     async with Harness() as h:
         h.session.text_input("hello")
         await h.wait_for("response.done")

@@ -105,7 +105,7 @@ async def test_closing_mid_reply_leaves_no_task_slot_or_tts_work() -> None:
     await wait_for(lambda: h.engine.active_slots() == 0 and h.tts.active == 0 and h.stages.tts_work.active == 0,
                    what="the session's slot and synthesis to be freed")
     assert h.engine.cancelled == 1
-    leftover = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Session.", "Reply."))]
+    leftover = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Session.", "Replies.", "Reply."))]
     assert leftover == []
 
 

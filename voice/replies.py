@@ -1,0 +1,236 @@
+"""A session's replies, one at a time: start one from the history and the engine (or a fixed greeting), interrupt
+it, end it into the history, and send its trace once the client says when playback began.
+
+The reply half of voice.session: turn-taking decides when a reply starts or stops, the session hears the user and
+holds the conversation, this runs the replies. One Reply (voice.reply) speaks each.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, suppress
+from typing import TYPE_CHECKING
+
+from voice.history import reply_content
+from voice.listener import Utterance
+from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+from voice.reply import Reply
+from voice.trace import TurnTrace
+from voice.turntaking import Reply as ReplyTo
+
+if TYPE_CHECKING:
+    from voice.session import Session
+
+log = logging.getLogger(__name__)
+
+# A reply whose audio was sent holds its turn.trace this long for the client's first playback.mark, so
+# the trace carries playback_start even when the whole reply was sent before the client began playing.
+TRACE_HOLD_S = 1.0
+PLAYED_SLACK_MS = 1000.0  # a playback mark may run this far past the audio sent (rounding, pieces in flight)
+
+
+class LlmFailed(RuntimeError):
+    """The engine reported an error for this request."""
+
+
+class Replies:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.current: Reply | None = None  # the reply launched last
+        self.task: asyncio.Task[None] | None = None  # its task
+        self.interrupted: Reply | None = None  # the reply interrupted last (a playback mark may still correct it)
+        self.held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
+        self.warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
+        self._start_lock = asyncio.Lock()
+
+    def running(self, turn_id: int) -> Reply | None:
+        """The reply of `turn_id` while its task still runs (ending, perhaps), else None."""
+        reply, task = self.current, self.task
+        return reply if reply is not None and reply.turn_id == turn_id and task is not None and not task.done() else None
+
+    def check_mark(self, turn_id: int, played_ms: float) -> str | None:
+        """Why a playback mark cannot be true (more played than was sent), or None."""
+        for known in (self.current, self.interrupted):
+            if known is not None and known.turn_id == turn_id and played_ms > known.sent_ms + PLAYED_SLACK_MS:
+                return f"{played_ms:.0f} ms played of {known.sent_ms:.0f} ms sent"
+        return None
+
+    def played(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
+        """The client's playback mark: how much it played, and so when playback began."""
+        reply = self.current
+        if reply is not None and reply.turn_id == turn_id:
+            reply.played_ms = played_ms
+            if reply.trace is not None:
+                reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
+        held = self.held.pop(turn_id, None)
+        if held is not None:
+            held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
+            self.send_trace(held)
+
+    def interrupt(self, turn_id: int, t_ms: float | None) -> None:
+        """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
+        that interrupts, the audio time at which it decided (sent with the clear)."""
+        task, reply = self.task, self.current
+        if task is None or task.done() or reply is None or reply.turn_id != turn_id or reply.stopped:
+            return
+        reply.stopped = True
+        self.s.outbox.clear(reply.turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
+        if reply.trace is not None:
+            reply.trace.mark("interrupted")
+        task.cancel()
+
+    def stop_current(self) -> None:
+        if self.current is not None:
+            self.interrupt(self.current.turn_id, None)
+
+    async def finished(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the reply running now to end."""
+        task = self.task
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout_s)
+
+    def close(self) -> None:
+        """The session is closing: held traces whose timer never ran still reach the log."""
+        for turn_id in list(self.held):
+            self.send_trace(self.held.pop(turn_id))
+
+    async def start(self, a: ReplyTo, trace: TurnTrace | None, utt: Utterance | None) -> None:
+        s = self.s
+        async with self._start_lock:  # at most one reply: the one before is stopped and waited for
+            if s.turns.replying_to != a.turn_id:
+                return  # a newer reply was asked for before this one could start
+            task = self.task
+            self.stop_current()  # told to stop when this reply was asked for, unless it had not started then
+            if task is not None and not task.done():
+                await asyncio.wait([task])
+            if a.kind == "greeting":
+                greeting = s.persona.greeting
+                if not greeting:
+                    s.apply(s.turns.reply_ended(a.turn_id, interrupted=False))
+                    return
+                self._launch(self._reply_for(a.turn_id, None), _fixed(greeting), None)
+                return
+            assert a.text is not None and trace is not None
+            joins = trace.info.get("joins")
+            messages = s.messages(a.text, joins)
+            s.memory.drop_joined(joins)  # the early reply to half of this request goes
+            dropped = s.memory.trim()  # only when a single typed turn outgrew it (or after a joined one)
+            if dropped:
+                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
+                messages = s.messages(a.text)
+            s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
+            if utt is not None:
+                utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
+            call: list[LlmCall] = []  # the engine request, once the reply task has made it
+            deltas = self._llm_deltas(messages, trace, utt, call)
+            self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
+
+    def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
+        s = self.s
+        binding = s.stages.voices[s.voice_name] if s.speak else None
+        return Reply(
+            turn_id, s.outbox, binding, s.persona.speaking_rate, s.settings.output_sample_rate,
+            trace, s.stages.tts_work, s.settings.audio_lead_ms, s.stages.runner, s.session_id,
+        )  # fmt: skip
+
+    def _launch(
+        self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None] = lambda on: None
+    ) -> None:
+        tg = self.s.task_group
+        assert tg is not None, "session is not running"
+        self.current = reply
+        self.task = tg.create_task(self._respond(reply, deltas, trace, hold))
+
+    async def _respond(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None]) -> None:
+        interrupted = True  # unless the reply runs to its end
+        try:
+            await reply.run(deltas, hold)
+            interrupted = False
+        except* (LlmFailed, OSError, RuntimeError, ValueError) as group:  # a stage failed: this reply ends, the session lives
+            log.warning("session %s turn %d failed: %r", self.s.session_id, reply.turn_id, group.exceptions)
+            self.s.outbox.send("error", code="reply_failed", message=str(group.exceptions[0]), fatal=False)
+        finally:
+            self._finish(reply, trace, interrupted)
+
+    def _finish(self, reply: Reply, trace: TurnTrace | None, interrupted: bool) -> None:
+        s = self.s
+        spoken, content = reply_content(reply, interrupted)
+        if content:
+            s.memory.add_reply(reply, content, interrupted)
+            if interrupted:
+                self.interrupted = reply
+        llm = trace.info.get("llm") if trace is not None else None  # the engine's counts, once its finish came
+        usage = None if llm is None else {"input_tokens": llm["prefill_tokens"] + llm["reused_tokens"],
+                                          "cached_tokens": llm["reused_tokens"], "output_tokens": llm["decode_tokens"]}  # fmt: skip
+        s.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken,
+                      usage=usage)  # fmt: skip
+        s.reply_done(reply.turn_id)
+        dropped = s.memory.trim()  # now, so the shorter prompt is back in the cache before the next turn
+        if dropped:
+            if trace is not None:
+                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
+            if s.settings.warm_prompt:
+                with suppress(RuntimeError):  # the task group is shutting down: the session is closing
+                    s.spawn(s.warm_prompt)
+        s.apply(s.turns.reply_ended(reply.turn_id, interrupted))
+        if trace is not None:
+            trace.mark("interrupted" if interrupted else "done")
+            if interrupted or trace.has("playback_start") or not trace.has("first_audio_sent") or not self._hold(trace):
+                self.send_trace(trace)
+
+    def _hold(self, trace: TurnTrace) -> bool:
+        """Keep a finished trace until the client's first playback mark or TRACE_HOLD_S; False if it cannot wait."""
+        if self.s.task_group is None:
+            return False
+        self.held[trace.turn_id] = trace
+        try:
+            self.s.spawn(self._release_held, trace.turn_id)
+        except RuntimeError:  # the task group is shutting down: the session is closing
+            self.held.pop(trace.turn_id)
+            return False
+        return True
+
+    async def _release_held(self, turn_id: int) -> None:
+        try:
+            await asyncio.sleep(TRACE_HOLD_S)
+        finally:  # also when the session closes: the trace still reaches the log
+            trace = self.held.pop(turn_id, None)
+            if trace is not None:
+                self.send_trace(trace)
+
+    def send_trace(self, trace: TurnTrace) -> None:
+        self.s.outbox.send("turn.trace", **trace.to_dict())
+        self.s.on_trace(trace)
+
+    async def _llm_deltas(
+        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall]
+    ) -> AsyncIterator[str]:
+        s = self.s
+        persona = s.persona
+        llm_start_ns = trace.mark("llm_start")
+        events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
+                                       temperature=persona.temperature)  # fmt: skip
+        call.append(events)
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, LlmToken):
+                    trace.mark("llm_first_token")
+                    yield event.text
+                elif isinstance(event, LlmFinish):
+                    trace.info["llm"] = {
+                        "finish": event.reason, "prefill_tokens": event.prefill_tokens, "reused_tokens": event.reused_tokens,
+                        "decode_tokens": event.decode_tokens, "queue_ms": round(event.queue_ms, 3),
+                        # this reply's prompt tokens that came from another session's cache (copied by the
+                        # reply itself, or by the session's warm-up before it)
+                        "shared_prefix_tokens": event.shared_prefix_tokens + self.warm_shared,
+                    }  # fmt: skip
+                    self.warm_shared = 0
+                    if utt is not None:
+                        trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"], llm_start_ns, event)
+                elif isinstance(event, LlmError):
+                    raise LlmFailed(event.message)
+
+
+async def _fixed(text: str) -> AsyncIterator[str]:
+    yield text
