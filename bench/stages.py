@@ -14,7 +14,7 @@ import numpy as np
 
 from bench import corpus
 from voice.asr import WhisperTranscriber
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 from voice.tts import CommandTts, PiperTts
 from voice.vad import SileroVad, WebRtcVad
 from parley.locate import find_embedded

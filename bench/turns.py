@@ -23,7 +23,8 @@ import numpy as np
 
 from bench import _prompts, _stats
 from voice.audio import SAMPLE_RATE
-from voice.turntaking import DETECTIONS, CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnPolicy, TurnTaking
+from voice.turntaking import CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnTaking
+from voice.turn_policy import DETECTIONS, TurnPolicy
 
 LEAD_MS = 300.0  # silence before each request
 TAIL_MS = 2600.0  # silence after it: longer than the longest hangover

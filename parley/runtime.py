@@ -14,7 +14,7 @@ import numpy as np
 
 from voice.reply import VoiceBinding
 from voice.stages import PersonaSpec, SessionSettings, Stages
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 from voice.vad import Vad
 from parley.config import AppConfig
 from parley.locate import resolve

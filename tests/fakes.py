@@ -21,7 +21,7 @@ from voice.reply import VoiceBinding
 from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 
 RATE = 16000
 

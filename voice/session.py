@@ -22,6 +22,7 @@ from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
+from voice.turn_policy import TurnPolicy
 from voice.turntaking import (
     Action,
     CheckTurn,
@@ -32,7 +33,6 @@ from voice.turntaking import (
     Interrupt,
     OpenTurn,
     StartAhead,
-    TurnPolicy,
     TurnTaking,
 )
 from voice.turntaking import Reply as ReplyTo

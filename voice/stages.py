@@ -12,7 +12,7 @@ from voice.llm_bridge import LlmBridge
 from voice.reply import VoiceBinding, WorkCounter
 from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 from voice.vad import Vad
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from fakes import PERSONAS, FakeEngine, FakeTranscriber, FakeTurnModel, Harness, quiet, tone
 from voice.session import Session
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 
 pytestmark = pytest.mark.timeout(60)
 

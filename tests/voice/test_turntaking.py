@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from voice.turn_policy import TEXT_EVEN_ODDS, TurnPolicy
 from voice.turntaking import (
-    TEXT_EVEN_ODDS,
     CheckTurn,
     Correct,
     DropAhead,
@@ -15,7 +15,6 @@ from voice.turntaking import (
     OpenTurn,
     Reply,
     StartAhead,
-    TurnPolicy,
     TurnTaking,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 from web.realtime.config import NEVER_MS, RealtimeConfig, SessionIn
 from web.realtime.translate import Translator
 

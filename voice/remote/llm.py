@@ -5,7 +5,7 @@ that pin by it) use to keep the conversation's cache. Closing a call closes the 
 takes as a cancel. The ahead-of-endpoint prefill is a 1-token request with the prompt so far: servers with a
 prefix cache (vLLM's automatic prefix caching, `parley stages`) then only prefill the new words at the turn
 end. A chat API exposes no prompt probabilities, so there is no text end-of-turn signal (`probes_user_end` is
-False): a session's turn-taking then decides from silence and audio (voice.turntaking.TurnPolicy.without_text).
+False): a session's turn-taking then decides from silence and audio (voice.turn_policy.TurnPolicy.without_text).
 """
 from __future__ import annotations
 

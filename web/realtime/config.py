@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from voice.turntaking import TurnPolicy
+from voice.turn_policy import TurnPolicy
 
 RATE = 24000  # OpenAI's audio/pcm: 16-bit mono little-endian at 24 kHz, in and out
 EAGERNESS_HANGOVER_MS = {"low": 3000, "medium": 1500, "high": 800}  # the longest pause a turn holds
