@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -31,6 +31,7 @@ from llm_engine.request import (
     TokenEvent,
 )
 from llm_engine.scheduler import CHUNK_TOKENS, BatchScheduler, StepPlan
+from llm_engine.stream import WAKE, EngineStream, Hold, Release
 from llm_engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported lazily at run time: most engines do not speculate
@@ -45,43 +46,6 @@ __all__ = [
 EventCallback = Callable[[Event], None]
 
 
-class EngineStream:
-    """The caller's handle on one request: iterate events (blocking) or cancel."""
-
-    def __init__(self, engine: "Engine", job_id: int) -> None:
-        self._engine = engine
-        self.job_id = job_id
-        self._events: queue.Queue[Event] = queue.Queue()
-        self.cancelled = threading.Event()
-
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            ev = self._events.get()
-            yield ev
-            if isinstance(ev, (FinishEvent, ErrorEvent)):
-                return
-
-    def cancel(self) -> None:
-        """Checked before every unit of work, so it takes effect within one decode step."""
-        self.cancelled.set()
-        self._engine._wake()
-
-    def hold(self, on: bool = True) -> None:
-        """Pause (or resume) this request's steps; it keeps its slot and its place (BatchScheduler.hold)."""
-        self._engine._inbox.put(_Hold(self.job_id, on))
-
-    def collect(self) -> tuple[list[int], str, Event]:
-        """Convenience: drain the stream -> (token ids, text, the final Finish/Error event)."""
-        ids, parts, last = [], [], None
-        for ev in self:
-            if isinstance(ev, TokenEvent):
-                ids.append(ev.token_id)
-                parts.append(ev.text)
-            last = ev
-        assert last is not None
-        return ids, "".join(parts), last
-
-
 @dataclass
 class _Job:
     id: int
@@ -90,17 +54,6 @@ class _Job:
     on_event: EventCallback | None
     gen: Generation
     slot: int | None = None
-
-
-@dataclass(frozen=True)
-class _Release:
-    session_id: str
-
-
-@dataclass(frozen=True)
-class _Hold:
-    job_id: int
-    on: bool
 
 
 class Engine:
@@ -219,7 +172,7 @@ class Engine:
 
     def submit(self, req: GenerateRequest, on_event: EventCallback | None = None) -> EngineStream:
         job_id = next(self._ids)
-        stream = EngineStream(self, job_id)
+        stream = EngineStream(job_id, self._inbox.put)
         gen = Generation(req, self.tokenizer, time.perf_counter(), self.device, self.max_seq_len)
         self._inbox.put(_Job(job_id, req, stream, on_event, gen))
         return stream
@@ -237,15 +190,12 @@ class Engine:
         with self._lock:
             if not self.slots.release(session_id) and self.slots.slot_of(session_id) is not None:
                 self._releasing.add(session_id)
-        self._inbox.put(_Release(session_id))
+        self._inbox.put(Release(session_id))
 
     def active_slots(self) -> int:
         """Slots owned by a session (running or keeping its cache between turns), not counting released ones."""
         with self._lock:
             return self.slots.owned() - sum(1 for s in self._releasing if self.slots.slot_of(s) is not None)
-
-    def _wake(self) -> None:
-        self._inbox.put("wake")
 
     def step(self) -> StepPlan | None:
         """Run one engine step on the caller's thread, for an engine that was never started (tests count steps).
@@ -297,13 +247,13 @@ class Engine:
         if isinstance(msg, _Job):
             self._jobs[msg.id] = msg
             self.scheduler.enqueue(msg.id)
-        elif isinstance(msg, _Release):
+        elif isinstance(msg, Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
                 self._emit(job, job.gen.cancel())
             with self._lock:
                 self.slots.release(msg.session_id)
                 self._releasing.discard(msg.session_id)
-        elif isinstance(msg, _Hold):
+        elif isinstance(msg, Hold):
             if msg.job_id in self._jobs:
                 self.scheduler.hold(msg.job_id, msg.on)
         elif msg == "stop":
