@@ -109,3 +109,11 @@ class Client:
 
     def turn_audio(self, turn_id: int) -> bytes:
         return b"".join(m["pcm"] for m in self.of("audio", turn_id))
+
+
+async def open_session(url: str, **fields: Any) -> Client:
+    """A connected client whose session has started (`fields` go with session.start); close it with __aexit__."""
+    c = Client(url)
+    await c.__aenter__()
+    await c.start(**fields)
+    return c
