@@ -148,12 +148,17 @@ async def test_a_history_bomb_does_not_starve_another_user(server: ServerProcess
     bystander = await started(server)
     baseline = await first_audio_after_typing(bystander, "Say hello.")
     attacker = await started(server)
+    t0 = time.monotonic()
     for i in range(300):  # 300 messages of 2,000 characters, about 20 a second as the finding sent them
         await attacker.send(type="input.text", text=f"{i} " + "tell me everything about the sea " * 60)
         await asyncio.sleep(0.05)
+    flood_s = time.monotonic() - t0
     loaded = await first_audio_after_typing(bystander, "Say hello again.")
-    print(f"\nbystander's first audio: {baseline:.2f} s alone, {loaded:.2f} s beside the bomb")
-    assert loaded <= 15 * baseline, (baseline, loaded)  # no reply within 30 s once: the engine thread fitted a 300-message history
+    print(f"\nbystander's first audio: {baseline:.2f} s alone, {loaded:.2f} s beside the bomb ({flood_s:.1f} s of it)")
+    # Starved, the bystander waited for the whole flood's work (no reply within 30 s once: the engine thread fitted a
+    # 300-message history). Served fairly, it waits behind at most the attacker's prompt being prefilled (~1-2 s of
+    # a ~1,200-token history here), far less than the flood took to send, whatever the machine's speed.
+    assert loaded <= max(15 * baseline, flood_s / 2), (baseline, loaded, flood_s)
     await still_answers(attacker)
     for c in (attacker, bystander):
         await c.__aexit__()

@@ -7,7 +7,7 @@ import { inputText, playbackMark, responseCancel, sessionStart, sessionUpdate, s
 import { remember, remembered } from "./prefs.js";
 import { SpeechRun } from "./speech-run.js";
 import * as ui from "./ui.js";
-import { LatencyStats, traceRow } from "./waterfall.js";
+import { TurnLog } from "./turn-log.js";
 
 const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
 const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
@@ -18,19 +18,16 @@ const conn = new Connection(socketUrl(location.href));
 conn.wanted = remembered();
 const player = new Player();
 const conversation = new ui.Conversation($("conversation"));
-const latency = new LatencyStats();
+const log = new TurnLog($("traces"), $("latency"));
+const latency = log.latency;
 
-let turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, trace}, this session
-const pastTurns = []; // turns of earlier sessions (before a reconnect), kept for the percentiles
 let cancelled = new Set(); // turn ids whose audio we drop (barge-in or server clear)
 let sessionId = null;
-let epoch = 0; // sessions seen; turn ids restart at each
 let mic = null;
 let micStarting = false;
 let hearing = false; // the server's VAD says the user is talking
 let awaiting = false; // a user turn ended and no reply audio has played yet
 let awaitingSince = 0;
-let pendingTyped = null; // {text, at} until the server names the turn
 let lastVoicedAt = null; // page clock of the last voiced mic frame sent
 let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
 let joining = null; // the earlier turn whose request the speech being heard continues (vad.speech_started joins)
@@ -45,22 +42,7 @@ const stats = {
   firstPlayed: {}, micToEar: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
 };
 window.parleyStats = stats;
-window.parley = { conn, player, latency, stats, turn: (id) => turns.get(id) };
-
-function turn(turnId) {
-  let t = turns.get(turnId);
-  if (!t) {
-    t = { text: null, typed: false, voiceEndAt: null, typedAt: null, firstPlayedAt: null, micToEarMs: null, trace: null };
-    if (pendingTyped) {
-      t.typed = true;
-      t.typedAt = pendingTyped.at;
-      t.text = pendingTyped.text;
-      pendingTyped = null;
-    }
-    turns.set(turnId, t);
-  }
-  return t;
-}
+window.parley = { conn, player, latency, stats, turn: (id) => log.get(id) };
 
 function expectReply() {
   awaiting = true;
@@ -81,21 +63,6 @@ function refreshState() {
   $("send").disabled = !conn.isReady;
 }
 
-function renderTrace(turnId) {
-  const t = turns.get(turnId);
-  if (!t?.trace) return;
-  const row = traceRow(t.trace, { micToEarMs: t.micToEarMs, typed: t.typed, text: t.text });
-  row.dataset.epoch = String(epoch);
-  const old = $("traces").querySelector(`li[data-epoch="${epoch}"][data-turn="${turnId}"]`);
-  if (old) old.replaceWith(row);
-  else $("traces").prepend(row);
-  latency.voiceToVoice = [];
-  latency.micToEar = [];
-  // Typed turns have no mic: their send-to-ear time stays out of the mic-to-ear percentiles.
-  for (const x of [...pastTurns, ...turns.values()]) if (x.trace) latency.add(x.trace, x.typed ? undefined : x.micToEarMs ?? undefined);
-  latency.render($("latency"));
-}
-
 // --- server messages -------------------------------------------------------------------------
 
 const handlers = {
@@ -104,13 +71,10 @@ const handlers = {
     if (msg.session_id !== sessionId) {
       // A new session (first connect or after a reconnect) numbers turns from 1 again.
       sessionId = msg.session_id;
-      epoch += 1;
-      conversation.epoch = epoch;
-      pastTurns.push(...turns.values());
-      turns = new Map();
+      log.newSession();
+      conversation.epoch = log.epoch;
       cancelled = new Set();
       pendingCut = null;
-      pendingTyped = null;
     }
     ui.fillPicker("persona", msg.personas, msg.persona);
     ui.fillPicker("voice", msg.voices, msg.voice);
@@ -143,7 +107,7 @@ const handlers = {
     ui.setPartial(msg.text);
   },
   "transcript.final"(msg) {
-    const t = turn(msg.turn_id);
+    const t = log.turn(msg.turn_id);
     t.text = msg.text;
     if (!t.typed) t.voiceEndAt = utteranceEndAt ?? lastVoicedAt;
     ui.setPartial("");
@@ -156,7 +120,7 @@ const handlers = {
     hearing = false;
   },
   "response.text.delta"(msg) {
-    turn(msg.turn_id);
+    log.turn(msg.turn_id);
     if (!cancelled.has(msg.turn_id)) conversation.appendText("assistant", msg.turn_id, msg.text);
   },
   "response.audio.clear"(msg) {
@@ -166,14 +130,14 @@ const handlers = {
     else cancelled.add(msg.turn_id);
   },
   "response.done"(msg) {
-    turn(msg.turn_id);
+    log.turn(msg.turn_id);
     conversation.finish(msg.turn_id, { text: msg.text, interrupted: msg.interrupted, spokenText: msg.spoken_text });
     stats.done.push({ turnId: msg.turn_id, interrupted: !!msg.interrupted, at: performance.now() });
     awaiting = false;
   },
   "turn.trace"(msg) {
-    turn(msg.turn_id).trace = msg;
-    renderTrace(msg.turn_id);
+    log.turn(msg.turn_id).trace = msg;
+    log.render(msg.turn_id);
   },
   error(msg) {
     stats.errors.push({ code: msg.code, message: msg.message, fatal: !!msg.fatal, at: performance.now() });
@@ -204,7 +168,7 @@ conn.addEventListener("message", (ev) => {
 conn.addEventListener("audio", (ev) => {
   const { turnId, pcm } = ev.detail;
   if (cancelled.has(turnId)) return;
-  const t = turn(turnId);
+  const t = log.turn(turnId);
   if (!t.typed && t.voiceEndAt === null && !t.text) awaiting = false; // e.g. a greeting
   stats.receivedS[turnId] = (stats.receivedS[turnId] ?? 0) + player.samplesToMs(pcm.length) / 1000;
   player.push(turnId, pcm);
@@ -346,7 +310,7 @@ function sendMark(turnId, samples) {
 
 player.addEventListener("started", (ev) => {
   const { turnId, at } = ev.detail;
-  const t = turn(turnId);
+  const t = log.turn(turnId);
   if (t.firstPlayedAt === null) {
     t.firstPlayedAt = at;
     stats.firstPlayed[turnId] = at;
@@ -354,7 +318,7 @@ player.addEventListener("started", (ev) => {
     if (from !== null && (t.typed || t.text)) {
       t.micToEarMs = at - from;
       stats.micToEar[turnId] = t.micToEarMs;
-      renderTrace(turnId);
+      log.render(turnId);
     }
   }
   awaiting = false;
@@ -384,9 +348,7 @@ player.addEventListener("held", (ev) => {
   stats.holds += 1;
   if (pendingCut && pendingCut.heldAt === null) pendingCut.heldAt = ev.detail.at;
 });
-player.addEventListener("released", () => {
-  stats.releases += 1;
-});
+player.addEventListener("released", () => (stats.releases += 1));
 
 player.addEventListener("cleared", (ev) => {
   const { at, turnId, playedSamples } = ev.detail;
@@ -401,9 +363,7 @@ player.addEventListener("cleared", (ev) => {
   refreshState();
 });
 
-function onAudioError(err) {
-  ui.showError("audio", `Sound output could not start (${err.message}). Click Start to try again.`);
-}
+const onAudioError = (err) => ui.showError("audio", `Sound output could not start (${err.message}). Click Start to try again.`);
 
 // --- page controls ---------------------------------------------------------------------------
 
@@ -419,7 +379,7 @@ $("typed").addEventListener("submit", async (ev) => {
   const text = box.value.trim();
   if (!text || !conn.isReady) return;
   if (conn.ready) await player.ensure(conn.ready.output_sample_rate).catch(onAudioError);
-  pendingTyped = { text, at: performance.now() };
+  log.typed(text, performance.now());
   conn.send(inputText(text));
   conversation.typed(text);
   expectReply();
