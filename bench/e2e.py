@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take (default 90)")
     p.add_argument("--out", default="artifacts/bench/e2e.json", help="JSON results (default %(default)s)")
     p.add_argument("--chart", default="artifacts/bench/e2e.png", help="PNG chart (default %(default)s); '' skips")
-    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for the README)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for docs/benchmarks.md)")
     p.add_argument("--tiny", action="store_true", help="two prompts, the concise persona: a smoke test")
     args = p.parse_args(argv)
     if args.tiny:

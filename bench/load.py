@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--level-timeout", type=float, default=90.0,
                    help="seconds a level may run; unfinished turns count as errors (default 90)")
     p.add_argument("--out", default="artifacts/bench/load.json", help="JSON results (default %(default)s)")
-    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for the README)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for docs/benchmarks.md)")
     p.add_argument("--topology", choices=("one", "split", "both"), default="one",
                    help="one process, or front ends + a stage server over HTTP, or both in turn (default one)")
     p.add_argument("--scheduling", choices=("before", "after", "both"), default="after",

@@ -155,7 +155,7 @@ class WhisperTranscriber:
     def transcribe_batch(self, audios: list[np.ndarray]) -> list[Transcript]:
         """Several utterances (e.g. different sessions' finals waiting at once) in one encoder and one decoder
         batch over the widest of their fitted windows, faster than one at a time (bench/stages.py --asr-batch;
-        README). Any the batch cannot trust is decoded alone after."""
+        docs/benchmarks.md). Any the batch cannot trust is decoded alone after."""
         t0 = time.perf_counter()
         audios = [np.asarray(a, dtype=np.float32) for a in audios]
         fits = [self.fitted_window and SAMPLE_RATE // 10 <= len(a) < (FIT_MAX_FRAMES - 100) * SAMPLE_RATE // 100 for a in audios]
