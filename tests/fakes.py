@@ -22,6 +22,7 @@ from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
 from voice.turn_policy import TurnPolicy
+from support.messages import MessageLog
 
 RATE = 16000
 
@@ -247,7 +248,7 @@ PERSONAS = {
 }
 
 
-class Harness:
+class Harness(MessageLog):
     """`async with Harness(...) as h:` runs a Session on fakes; `h.messages` is everything it sent, in order:
     JSON bodies as dicts, audio as {"type": "audio", "turn_id", "seq", "ms"}."""
 
@@ -306,25 +307,6 @@ class Harness:
             else:
                 self.messages.append(item.body)
             self._changed.set()
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [m for m in self.messages if m["type"] == kind]
-
-    def types(self) -> list[str]:
-        """Message types in order, runs of the same type collapsed (deltas, audio, partials)."""
-        out: list[str] = []
-        for m in self.messages:
-            if not out or out[-1] != m["type"]:
-                out.append(m["type"])
-        return out
-
-    async def wait_for(self, kind: str, n: int = 1, timeout_s: float = 10.0) -> dict[str, Any]:
-        """The n-th message of `kind` (a safety timeout only: no test asserts speed)."""
-        async with asyncio.timeout(timeout_s):
-            while len(self.of(kind)) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.of(kind)[n - 1]
 
     async def feed(self, audio: np.ndarray, *, chunk_ms: float = 20.0, pause_s: float = 0.002,
                    until: Callable[[], bool] | None = None) -> float | None:

@@ -11,6 +11,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from support.messages import MessageLog
 from web.protocol import unpack_audio
 
 FRAME_MS = 20
@@ -22,7 +23,8 @@ def pcm16(audio: np.ndarray) -> bytes:
 
 
 @dataclass
-class Client:
+class Client(MessageLog):
+    wait_timeout_s = 60.0  # a real server's replies (its models load once per module)
     url: str
     origin: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -59,31 +61,13 @@ class Client:
             self.close_code = self.ws.close_code
             self._changed.set()
 
-    def of(self, kind: str, turn_id: int | None = None) -> list[dict[str, Any]]:
-        return [m for m in self.messages if m["type"] == kind and (turn_id is None or m.get("turn_id") == turn_id)]
-
-    async def wait_for(self, kind: str, n: int = 1, timeout_s: float = 60.0, turn_id: int | None = None) -> dict[str, Any]:
-        """The n-th message of `kind` (the timeout is a safety net, not a speed assertion)."""
-        async with asyncio.timeout(timeout_s):
-            while len(self.of(kind, turn_id)) < n:
-                if self._reader.done():
-                    errors = self.of("error")
-                    raise AssertionError(f"connection closed ({self.close_code}) before {kind}; got {self.types()} {errors}")
-                self._changed.clear()
-                await self._changed.wait()
-        return self.of(kind, turn_id)[n - 1]
+    def ended(self) -> str | None:
+        return f"connection closed ({self.close_code})" if self._reader.done() else None
 
     async def wait_closed(self, timeout_s: float = 10.0) -> int | None:
         async with asyncio.timeout(timeout_s):
             await asyncio.wait([self._reader])
         return self.close_code
-
-    def types(self) -> list[str]:
-        out: list[str] = []
-        for m in self.messages:
-            if not out or out[-1] != m["type"]:
-                out.append(m["type"])
-        return out
 
     async def send(self, **msg: Any) -> None:
         await self.ws.send(json.dumps(msg))
