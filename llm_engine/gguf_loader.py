@@ -55,10 +55,12 @@ def cache_folder_for(gguf_path: Path, cache_root: Path | None = None, *, weights
     return (cache_root or default_cache_root()) / key
 
 
-def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True, weights: bool = True) -> Path:
+def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True, weights: bool = True,
+                 reader: Any = None) -> Path:
     """-> a folder with config.json, model.safetensors and tokenizer files; converts only the first time.
 
-    weights=False: config and tokenizer only (a quantized load reads the weights from the GGUF itself)."""
+    weights=False: config and tokenizer only (a quantized load reads the weights from the GGUF itself).
+    reader: the file's gguf.GGUFReader, when the caller has parsed it already."""
     gguf_path = Path(gguf_path).resolve()
     folder = cache_folder_for(gguf_path, cache_root, weights=weights)
     if (folder / "done").exists():
@@ -66,7 +68,7 @@ def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progr
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    convert_gguf(gguf_path, tmp, progress=progress, weights=weights)
+    convert_gguf(gguf_path, tmp, progress=progress, weights=weights, reader=reader)
     (tmp / "done").write_text("ok\n")
     shutil.rmtree(folder, ignore_errors=True)
     # A rename is atomic: a half-written conversion is never mistaken for a finished one.
@@ -74,12 +76,12 @@ def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progr
     return folder
 
 
-def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: bool = True) -> None:
+def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: bool = True, reader: Any = None) -> None:
     from gguf import GGUFReader
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    reader = GGUFReader(str(gguf_path))
+    reader = reader or GGUFReader(str(gguf_path))
     cfg = read_config(reader, gguf_path)
     if weights:
         state: dict[str, torch.Tensor] = {}

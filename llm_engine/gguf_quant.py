@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ def read_quantized_linears(gguf_path: str | Path, scheme: Scheme, *, use_kernel:
     return read_gguf(gguf_path, scheme, use_kernel=use_kernel, floats=False).layers
 
 
-def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True, floats: bool = True) -> GgufWeights:
+def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True, floats: bool = True, reader: Any = None) -> GgufWeights:
     """One pass over a GGUF: the quantized layers the scheme takes as stored, and (floats) every other tensor
     dequantized, so a quantized model is built without a float copy of its 4-bit projections.
 
@@ -112,7 +113,7 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
 
     from llm_engine.gguf_loader import ROPE_FREQS, dequantized, hf_name, read_config, unpermute_qk
 
-    reader = GGUFReader(str(gguf_path))
+    reader = reader or GGUFReader(str(gguf_path))
     cfg = read_config(reader, Path(gguf_path))
     out = GgufWeights(cfg, {}, {})
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
