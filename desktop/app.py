@@ -60,6 +60,7 @@ class DesktopClient:
         self.voice = opts.voice
         self.talking = not opts.push_to_talk
         self.connects = 0  # successful session starts, 1 + reconnects
+        self.sent_ms = 0.0  # microphone audio sent in this session: the server's audio clock (its events' t_ms)
         self.events: list[dict[str, Any]] = []  # every server text message, for tests and debugging
         self.ready = asyncio.Event()
         self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE)
@@ -124,6 +125,7 @@ class DesktopClient:
         while not self._stopping.is_set():
             try:
                 self.info = await self._conn.open(self.persona, self.voice)
+                self.sent_ms = 0.0
             except ConnectError as exc:
                 self.view.notice = str(exc)
                 give_up = lost_since is None or time.monotonic() - lost_since > self.opts.reconnect_for_s
@@ -207,6 +209,7 @@ class DesktopClient:
             pcm16 = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
             for i in range(0, len(pcm16), SEND_RATE * 2):  # at most 1 s a message
                 await self._conn.send_audio(pcm16[i:i + SEND_RATE * 2])
+                self.sent_ms += 1000.0 * len(pcm16[i:i + SEND_RATE * 2]) / 2 / SEND_RATE
 
     async def _receive(self) -> None:
         while True:
