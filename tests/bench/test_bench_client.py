@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench._client import FRAME_SAMPLES, RATE, Prompt, ScriptedSession
-from client_mock_server import REPLY_TEXT, MockState, port_of, start_mock
+from support.client_mock import REPLY_TEXT, MockState, port_of, start_mock
 
 def loud_prompt(text: str, speech_ms: int = 500, seed: int = 0) -> Prompt:
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from client_mock_server import MockState, port_of, start_mock
+from support.client_mock import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
 from desktop.app import ClientOptions, DesktopClient

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from client_mock_server import MockState, port_of, start_mock
+from support.client_mock import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
 from desktop import main as client_cli

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from client_mock_server import MockState, port_of, start_mock
+from support.client_mock import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
 
