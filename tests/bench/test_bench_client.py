@@ -1,11 +1,11 @@
-"""The scripted benchmark client against the desktop client's mock server: it streams whole 20 ms frames,
+"""The scripted benchmark client against the mock server: it streams whole 20 ms frames,
 waits for each reply to play out before speaking again, marks playback and measures from its own clock."""
 from __future__ import annotations
 
 import numpy as np
 
 from bench._client import FRAME_SAMPLES, RATE, Prompt, ScriptedSession
-from support.client_mock import REPLY_TEXT, MockState, port_of, start_mock
+from support.mock_server import CANNED_STAGES, REPLY_TEXT, TRANSCRIPT, MockState, port_of, start_mock
 
 def loud_prompt(text: str, speech_ms: int = 500, seed: int = 0) -> Prompt:
     rng = np.random.default_rng(seed)
@@ -23,9 +23,9 @@ async def test_two_turns_in_one_conversation() -> None:
         server.close()
         await server.wait_closed()
     assert [r.turn_id for r in results] == [1, 2]
-    assert all(r.error is None and r.transcript == "hello" for r in results)
+    assert all(r.error is None and r.transcript == TRANSCRIPT for r in results)
     assert all(r.reply.endswith(REPLY_TEXT) for r in results)
-    assert [r.trace["stages_ms"]["voice_to_voice"] for r in results] == [862.0, 862.0]  # type: ignore[index]
+    assert [r.trace["stages_ms"]["voice_to_voice"] for r in results] == [CANNED_STAGES["voice_to_voice"]] * 2  # type: ignore[index]
     # measured from the last voiced frame, which the mock needs before it can answer at all
     assert all(r.client_v2v_ms is not None and r.client_v2v_ms > 0 for r in results)
     assert state.marks == [(1, 0.0), (2, 0.0)]  # playback reported as it started, as the browser does

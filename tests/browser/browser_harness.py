@@ -108,7 +108,7 @@ class ServerProcess:
 
 def mock_server(tmp_path: Path, options: str = "{}") -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "tests.browser.mock_server", str(port), options]
+    argv = [sys.executable, "-m", "tests.support.mock_server", str(port), options]
     return ServerProcess(argv, port, tmp_path / "mock.log", ready_timeout_s=30)
 
 

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from support.client_mock import MockState, port_of, start_mock
+from support.mock_server import MockState, port_of, start_mock
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from support.client_mock import MockState, port_of, start_mock
+from support.mock_server import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
 from desktop import main as client_cli
@@ -89,4 +89,4 @@ async def test_terminal_run_prints_the_latency_table_at_exit(capsys) -> None:  #
         await server.wait_closed()
     out = capsys.readouterr().out
     table = out[out.rindex("latency per turn (ms)"):]
-    assert "v2v" in table and "862" in table and "mic→ear" in table and "hello" in table
+    assert "v2v" in table and "1453" in table and "mic→ear" in table and "what is" in table

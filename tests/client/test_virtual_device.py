@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from support.client_mock import MockState, port_of, start_mock
+from support.mock_server import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
 
@@ -91,12 +91,12 @@ async def test_turn_through_real_sounddevice_streams(pulse_env: dict[str, str], 
         await server.wait_closed()
     assert client.returncode == 0, err.decode()
     text = out.decode()
-    assert "hello" in text and "862" in text and "mic→ear" in text  # the table printed at exit
+    assert "what is" in text and "1453" in text and "mic→ear" in text  # the table printed at exit
     assert state.audio_bytes > 16000 * 2  # > 1 s of microphone audio reached the server
     rec, rate = sf.read(heard, dtype="float32", always_2d=True)
     tone = rec.mean(axis=1)
     spectrum = np.abs(np.fft.rfft(tone))
     peak_hz = np.argmax(spectrum) * rate / len(tone)
-    assert abs(peak_hz - 440.0) < 5.0  # the mock's 440 Hz reply came out of the speaker
+    assert abs(peak_hz - 220.0) < 5.0  # the mock's 220 Hz reply (voice joe) came out of the speaker
     # |0.3 sin| > 0.05 for 89% of the time: all 1.5 s of the tone played once -> ~1.34 s
     assert 1.25 < np.count_nonzero(np.abs(tone) > 0.05) / rate < 1.45
