@@ -18,14 +18,12 @@ WAKE = "wake"  # an inbox message that only wakes the engine thread (a cancel is
 class Release:
     """The session ended: cancel its requests and free its slot."""
 
-
     session_id: str
 
 
 @dataclass(frozen=True)
 class Hold:
     """Pause (or resume) one request's steps."""
-
 
     job_id: int
     on: bool
