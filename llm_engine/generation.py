@@ -19,7 +19,6 @@ from llm_engine.scheduler import MAX_CHUNK_TOKENS
 from llm_engine.tokenizer import StopStringFilter, Tokenizer
 
 
-
 def fit_messages(
     tokenizer: Tokenizer, messages: Sequence[ChatMessage], max_prompt_tokens: int
 ) -> tuple[list[int], tuple[ChatMessage, ...]] | None:

@@ -21,7 +21,6 @@ from voice.scheduler import DirectRunner, Skipped, StageRunner
 from voice.stage_queue import Priority
 
 
-
 @dataclass(frozen=True)
 class Transcript:
     text: str  # "" when nothing trustworthy was heard

@@ -41,7 +41,6 @@ __all__ = ["InputError", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
 
 
-
 class InputError(Exception):
     """A command the session refuses (unknown persona, overloaded): becomes a non-fatal `error`."""
 

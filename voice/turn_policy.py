@@ -79,8 +79,6 @@ class TurnPolicy:
         return self.max_hangover_ms - (x - lo) / (hi - lo) * (self.max_hangover_ms - self.turn_check_ms)
 
 
-
-
 @dataclass(frozen=True)
 class TurnCheck:
     """One end-of-turn check, as the turn's trace records it."""
