@@ -5,8 +5,8 @@ It knows the model and the cache, nothing about requests, sampling or scheduling
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
