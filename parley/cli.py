@@ -1,6 +1,7 @@
 """The `parley` command: serve, stages, models, chat, client.
 
-The only place that reads CLI flags; turns config errors into one line and exit code 2.
+Reads the command line (the client's own flags are desktop/main.py's); turns config errors into one line and exit
+code 2.
 """
 from __future__ import annotations
 
