@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import _prompts, _stats
+from bench import _prompts, _stats, corpus
 from bench._client import Prompt, ScriptedSession, TurnResult
 from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server
 from desktop.connection import ConnectError
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    need = min(max(args.levels) * args.turns, len(_prompts._corpus().REQUESTS))
+    need = min(max(args.levels) * args.turns, len(corpus.REQUESTS))
     pool = _prompts.corpus_prompts(need)
     print(f"{len(pool)} distinct prompts; levels {args.levels}, {args.turns} turns a session", flush=True)
     before = machine()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import _prompts, _stats
+from bench import _stats, corpus
 from bench._server import ROOT, start_server
 
 SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences."
@@ -53,7 +53,7 @@ async def run(url: str, token: str | None, turns: int, rounds: int) -> dict[str,
 
     client = AsyncOpenAI(base_url=url + "/v1", api_key=token or "none", max_retries=0)
     model = (await client.models.list()).data[0].id
-    questions = [p for p in _prompts._corpus().REQUESTS][:turns]
+    questions = [p for p in corpus.REQUESTS][:turns]
     out: dict[str, list[dict[str, float]]] = {"no warm-up": [], "1-token warm-up": []}
     for r in range(rounds):  # alternate, so drift on a shared machine falls on both
         for name, warm in (("no warm-up", False), ("1-token warm-up", True)):

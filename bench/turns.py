@@ -4,7 +4,7 @@ a finished request waits for its endpoint, and what a check costs.
 The real turn-taking core runs over the real models (Silero frames, Smart Turn, Whisper, the engine's end-of-turn
 probe) in audio time: each result reaches the core after the compute time it took here, as it would live for one
 session on an otherwise idle machine. Requests are spoken by Piper, flite and espeak-ng; the paused ones with the
-pause stretched at a syntactic break (tests/audio_corpus.py: PAUSED_REQUESTS, speak_paused).
+pause stretched at a syntactic break (bench/corpus.py: PAUSED_REQUESTS, speak_paused).
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.turns [--tiny] [--detectors fixed,text] [--markdown]
 """
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import _prompts, _stats
+from bench import _stats
+from bench import corpus as spoken
 from voice.audio import SAMPLE_RATE
 from voice.turntaking import CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnTaking
 from voice.turn_policy import DETECTIONS, TurnPolicy
@@ -163,7 +164,7 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
 
 
 def corpus(voices: list[str], styles: list[str], n_paused: int, n_complete: int) -> list[Clip]:
-    c = _prompts._corpus()
+    c = spoken
     lead, tail = c.silence(LEAD_MS), c.silence(TAIL_MS)
     clips: list[Clip] = []
     for v, voice in enumerate(voices):

@@ -6,14 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import _prompts
+from bench import _prompts, corpus
 from bench._client import RATE
 
 
 def test_corpus_prompts_alternate_voices_and_locate_the_end_of_speech() -> None:
     prompts = _prompts.corpus_prompts(3, offset=21)  # wraps past the last request
     assert [p.voice for p in prompts] == ["piper", "flite", "piper"]
-    requests = _prompts._corpus().REQUESTS
+    requests = corpus.REQUESTS
     assert [p.text for p in prompts] == [requests[21], requests[0], requests[1]]
     for p in prompts:
         assert p.audio.dtype == np.float32 and p.audio.ndim == 1
