@@ -150,3 +150,15 @@ def test_voice_asr_batch_tiny() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 ")]
     assert float(row[2]) > 0 and float(row[3]) > 0 and row[-1] == "yes", row  # timed, and the same transcripts
+
+
+def test_remote_ahead_tiny(tmp_path: Path) -> None:
+    """bench/remote_ahead.py's smoke form (it starts its own `parley stages`): with the 1-token warm-up the reply
+    finds its prompt cached and prefills about one token; without it, the turn's new words."""
+    out = tmp_path / "remote_ahead.json"
+    proc = run_script("remote_ahead", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"no warm-up", "1-token warm-up"} and len(rows["no warm-up"]) == len(rows["1-token warm-up"]) > 0
+    assert all(r["prefilled"] <= 2 and r["warm_ms"] > 0 for r in rows["1-token warm-up"])
+    assert all(r["prefilled"] > 2 for r in rows["no warm-up"])
