@@ -62,6 +62,11 @@ class History:
         if interrupted:
             self._interrupted = (reply, index)
 
+    @property
+    def interrupted(self) -> HeardReply | None:
+        """The reply interrupted last, while a late playback mark can still correct what the history keeps of it."""
+        return self._interrupted[0] if self._interrupted is not None else None
+
     def correct(self, turn_id: int, played_ms: float) -> None:
         """A playback mark that came after its reply was interrupted: the history keeps what was played."""
         if self._interrupted is None or self._interrupted[0].turn_id != turn_id:

@@ -39,7 +39,6 @@ class Replies:
         self.s = session
         self.current: Reply | None = None  # the reply launched last
         self.task: asyncio.Task[None] | None = None  # its task
-        self.interrupted: Reply | None = None  # the reply interrupted last (a playback mark may still correct it)
         self.held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self.warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
         self._start_lock = asyncio.Lock()
@@ -51,7 +50,7 @@ class Replies:
 
     def check_mark(self, turn_id: int, played_ms: float) -> str | None:
         """Why a playback mark cannot be true (more played than was sent), or None."""
-        for known in (self.current, self.interrupted):
+        for known in (self.current, self.s.memory.interrupted):
             if known is not None and known.turn_id == turn_id and played_ms > known.sent_ms + PLAYED_SLACK_MS:
                 return f"{played_ms:.0f} ms played of {known.sent_ms:.0f} ms sent"
         return None
@@ -158,8 +157,6 @@ class Replies:
         spoken, content = reply_content(reply, interrupted)
         if content:
             s.memory.add_reply(reply, content, interrupted)
-            if interrupted:
-                self.interrupted = reply
         llm = trace.info.get("llm") if trace is not None else None  # the engine's counts, once its finish came
         usage = None if llm is None else {"input_tokens": llm["prefill_tokens"] + llm["reused_tokens"],
                                           "cached_tokens": llm["reused_tokens"], "output_tokens": llm["decode_tokens"]}  # fmt: skip
