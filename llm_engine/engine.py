@@ -302,7 +302,7 @@ class Engine:
         try:
             if self.speculation is not None:
                 self.speculation.pause(job.slot)
-            events = job.gen.prefill(self.model, self.cache, job.slot, state, max_tokens)
+            events = job.gen.prefill(self.model, self.cache, job.slot, state, max_tokens, self.stepper)
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
             events = self._fail(job, exc)
         if job.gen.prefilled and not job.gen.finished:

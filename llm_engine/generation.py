@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from llm_engine.batch import DecodeRow, StepDecoder
 from llm_engine.kv_cache import SlotState, StaticKVCache, common_prefix_len
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, Event, FinishEvent, GenerateRequest, Timings, TokenEvent
@@ -79,11 +80,14 @@ class Generation:
 
     # -- units of work, each returns the events it produced ---------------------------------------
 
-    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState, max_tokens: int = MAX_CHUNK_TOKENS) -> list[Event]:
+    def prefill(self, model: Transformer, cache: StaticKVCache, slot: int, state: SlotState,
+                max_tokens: int = MAX_CHUNK_TOKENS, step: StepDecoder | None = None) -> list[Event]:  # fmt: skip
         """Run the next chunk (at most max_tokens) of the prompt; the last chunk also samples the first token.
 
         Chunks let the scheduler interleave a long prompt with other requests' decode steps.
         prefill_ms counts this request's own forwards, not the decode steps interleaved between its chunks.
+        A chunk of one token (the usual last one of a turn whose prompt the work ahead cached) runs through `step`,
+        the engine's decode forward (the compiled CPU step: ~4.5 ms against ~15 ms eager for SmolLM2-135M).
         """
         t0 = time.perf_counter()
         if not self._prefill_started:
@@ -104,7 +108,10 @@ class Generation:
         pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
         probe_row = self.probe[0] - start if self.probe is not None and start <= self.probe[0] < start + len(chunk) else None
         rows: Sequence[int] | str = "last" if probe_row is None else (probe_row, len(chunk) - 1)
-        logits = model(tokens, pos, cache, [slot], rows, kv_len=start + len(chunk))  # [1, 1 or 2, V]
+        if step is not None and len(chunk) == 1 and probe_row is None:
+            logits = step.decode([DecodeRow(slot, chunk[0], start)])[:, None]  # [1, 1, V]
+        else:
+            logits = model(tokens, pos, cache, [slot], rows, kv_len=start + len(chunk))  # [1, 1 or 2, V]
         if probe_row is not None and self.probe is not None:
             end_ids = torch.tensor(sorted(self.probe[1]), device=logits.device)
             self.end_prob = float(torch.softmax(logits[0, 0], dim=-1)[end_ids].sum())

@@ -74,6 +74,21 @@ def test_prefill_only_request_prepares_the_cache_for_the_real_one(smol_engine, c
     smol_engine.release("ahead")
 
 
+def test_a_one_token_prefill_runs_as_a_decode_step_with_the_same_first_token(smol_engine, cold_engine, monkeypatch):
+    """The usual turn: the work ahead cached the prompt but its last token, which then runs through the engine's
+    decode forward (the compiled step on CPU) instead of an eager prefill; the token it picks is the same."""
+    msgs = [SYSTEM, ChatMessage("user", "Name a colour.")]
+    ask(smol_engine, "one-token", msgs, max_new=0)
+    calls = []
+    decode = smol_engine.stepper.decode
+    monkeypatch.setattr(smol_engine.stepper, "decode", lambda rows: calls.append(list(rows)) or decode(rows))
+    ids, _, fin = ask(smol_engine, "one-token", msgs, max_new=1)
+    assert fin.timings.prefill_tokens == 1 and fin.timings.decode_tokens == 0
+    assert len(calls) == 1 and len(calls[0]) == 1  # the prefill's one forward, through the step
+    assert ids == ask(cold_engine, "one-token-fresh", msgs, max_new=1)[0]
+    smol_engine.release("one-token")
+
+
 def test_a_request_s_own_stop_strings_end_it_and_are_not_part_of_the_text(smol_engine):
     msgs = [SYSTEM, ChatMessage("user", "Tell me about yourself.")]
     _, free, _ = ask(smol_engine, "stop-a", msgs, max_new=40)
