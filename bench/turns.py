@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paused", type=int, default=18, help="paused requests per voice and style (default 18)")
     p.add_argument("--complete", type=int, default=22, help="complete requests per voice (default 22)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (vad.* keys)")
+    p.add_argument("--sweep", default="", metavar="FIELD=V1,V2,...",
+                   help="each detector once per value of one TurnPolicy field, e.g. max_hangover_ms=1500,1000")
     p.add_argument("--out", default="artifacts/bench/turns.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="two paused and two complete requests, one voice")
@@ -218,7 +220,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(None, args.set)
     base = turn_policy(cfg)
-    detectors = args.detectors.split(",")
+    runs = [(det, replace(base, detection=det)) for det in args.detectors.split(",")]
+    if args.sweep:
+        field_name, _, values = args.sweep.partition("=")
+        if field_name not in base.__dataclass_fields__ or not values:
+            p.error(f"--sweep wants FIELD=V1,V2 with a TurnPolicy field, got {args.sweep!r}")
+        runs = [(f"{det} ({field_name} {v})", replace(policy, **{field_name: float(v)}))
+                for det, policy in runs for v in values.split(",")]  # fmt: skip
     t0 = time.monotonic()
     clips = corpus(args.voices.split(","), args.styles.split(","), args.paused, args.complete)
     print(f"{len(clips)} clips ({sum(c.pause_ms is not None for c in clips)} paused); loading models", flush=True)
@@ -226,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     rows, splits = [], []
     try:
-        for det in detectors:
-            policy = replace(base, detection=det)
+        for det, policy in runs:
             outcomes, costs = [], []
             for clip in clips:
                 outcome, c = simulate(clip, policy, models)
