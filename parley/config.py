@@ -40,7 +40,7 @@ class VadConfig(_Strict):
     turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "combined"
     hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
     turn_check_ms: int = Field(160, ge=0)  # the others: the silence that starts an end-of-turn check
-    max_hangover_ms: int = Field(1500, ge=0)  # the longest silence inside one turn
+    max_hangover_ms: int = Field(1000, ge=0)  # the longest silence inside one turn
     turn_sure_prob: float = Field(0.8, gt=0.0, lt=1.0)
     turn_unsure_prob: float = Field(0.3, gt=0.0, lt=1.0)
     turn_audio_weight: float = Field(0.25, ge=0.0)

@@ -26,7 +26,7 @@ class TurnPolicy:
     ahead_silence_ms: float = 64.0  # silence before the work ahead starts: the recogniser hears the last word's tail
     hangover_ms: float = 500.0
     turn_check_ms: float = 160.0
-    max_hangover_ms: float = 1500.0
+    max_hangover_ms: float = 1000.0
     sure_prob: float = 0.8
     unsure_prob: float = 0.3
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's

@@ -162,3 +162,20 @@ def test_remote_ahead_tiny(tmp_path: Path) -> None:
     assert set(rows) == {"no warm-up", "1-token warm-up"} and len(rows["no warm-up"]) == len(rows["1-token warm-up"]) > 0
     assert all(r["prefilled"] <= 2 and r["warm_ms"] > 0 for r in rows["1-token warm-up"])
     assert all(r["prefilled"] > 2 for r in rows["no warm-up"])
+
+
+def test_turns_sweep_tiny(tmp_path: Path) -> None:
+    """--sweep runs each detector once per value of one policy field, and the value is the one the run used: the
+    fixed detector's endpoints come no sooner than each swept hangover."""
+    out = tmp_path / "turns.json"
+    proc = run_script("turns", "--tiny", "--detectors", "fixed", "--sweep", "hangover_ms=300,700", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert list(result["detectors"]) == ["fixed (hangover_ms 300)", "fixed (hangover_ms 700)"]
+    for name, hangover in (("fixed (hangover_ms 300)", 300.0), ("fixed (hangover_ms 700)", 700.0)):
+        delays = [c["delay_ms"] for c in result["detectors"][name]["clips"] if c["delay_ms"] is not None]
+        assert delays and min(delays) >= hangover
+    short, long = (result["detectors"][n]["delay_p50"] for n in ("fixed (hangover_ms 300)", "fixed (hangover_ms 700)"))
+    assert long - short >= 300.0
+    bad = run_script("turns", "--tiny", "--sweep", "no_such_field=1")
+    assert bad.returncode != 0 and "TurnPolicy field" in bad.stderr

@@ -53,7 +53,7 @@ def test_set_overrides_parse_yaml_values() -> None:
         ("default_persona=nobody", "default_persona", "nobody"),
         ("vad.turn_detection=psychic", "vad.turn_detection", "combined"),
         ("vad.turn_unsure_prob=0.9", "vad", "turn_unsure_prob (0.9) is above turn_sure_prob (0.8)"),
-        ("vad.turn_check_ms=3000", "vad", "turn_check_ms (3000) <= max_hangover_ms (1500)"),
+        ("vad.turn_check_ms=3000", "vad", "turn_check_ms (3000) <= max_hangover_ms (1000)"),
         ("models.llm.backend=openai", "models", "backend openai needs remote.base_url"),
         ("models.asr.remote={base_url: llm:8000}", "models.asr.remote.base_url", "should match pattern"),
         ("voices.joe.backend=openai", "voices.joe", "backend openai needs remote.base_url"),
