@@ -53,6 +53,8 @@ class PiperTts:
 
             opts = onnxruntime.SessionOptions()
             opts.intra_op_num_threads = threads
+            # threads that spin between runs take the cores recognition and the engine need under load
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._voice.session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         self.sample_rate = int(self._voice.config.sample_rate)
         self._chunk_samples = self.sample_rate * chunk_ms // 1000
