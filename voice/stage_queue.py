@@ -9,6 +9,10 @@ audio already queued runs out; a partial transcript is only a courtesy on the sc
 - partials and later phrases never take the last free worker (together at most `background_workers` run at
   once, partials alone at most `partial_workers`), so a final, a turn check or a first phrase never queues
   behind work nobody waits for that started before it;
+- a partial starts only while at most `partial_beside` other jobs run (none on two cores): on a busy machine a
+  partial does not take the cores from a final or a phrase that is running, it waits for a lull, and is dropped
+  or replaced if none comes (bench/load.py: at eight sessions on two cores, partials decoding beside the rest
+  cost ~3x the finals' recognition time and doubled the v2v p95);
 - a partial still queued after `partial_max_wait_ms` is dropped (by then the session has new audio and the
   next partial covers it), and a new partial from the same session replaces a queued one (coalesced): when
   the machine is behind, partials thin out instead of piling up;
@@ -44,13 +48,17 @@ class Policy:
     background_workers: int  # partials and later phrases together: below `workers`, so one worker stays free
     partial_max_wait_ms: float = 1000.0
     max_batch: int = 4  # jobs one worker runs as one batch, when the stage can
+    partial_beside: int | None = None  # other jobs that may be running when a partial starts; None: any number
 
     @classmethod
     def for_workers(cls, workers: int, partial_max_wait_ms: float = 1000.0) -> "Policy":
-        """One worker always free for what users wait for; partials get one worker, and half of them past four."""
+        """One worker always free for what users wait for; partials get one worker, and half of them past four.
+        The workers are sized from the cores (parley.thread_budget: cores / 2 + 1 jobs of two threads): a partial
+        starts only while its two threads still fit beside the jobs running, none of them on two cores."""
         if workers < 1:
             raise ValueError(f"a scheduler needs at least one worker, not {workers}")
-        return cls(workers, max(1, workers // 2 - 1), max(1, workers - 1), partial_max_wait_ms)
+        return cls(workers, max(1, workers // 2 - 1), max(1, workers - 1), partial_max_wait_ms,
+                   partial_beside=max(0, workers - 3))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,11 @@ class StageQueue:
                 continue
             if priority is not Priority.WAITED and self._running(Priority.NEXT, Priority.PARTIAL) >= self.policy.background_workers:
                 break
-            if priority is Priority.PARTIAL and self._running(Priority.PARTIAL) >= self.policy.partial_workers:
+            if priority is Priority.PARTIAL and (
+                self._running(Priority.PARTIAL) >= self.policy.partial_workers
+                or (self.policy.partial_beside is not None
+                    and self._running(Priority.WAITED, Priority.NEXT) > self.policy.partial_beside)
+            ):  # fmt: skip
                 break
             job = queue.popleft()
             if priority is Priority.PARTIAL:

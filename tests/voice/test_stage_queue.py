@@ -20,9 +20,9 @@ def started(q: StageQueue, now: float = 0.0) -> Job | None:
 
 
 def test_policy_keeps_one_worker_for_what_users_wait_for() -> None:
-    assert Policy.for_workers(3) == Policy(3, partial_workers=1, background_workers=2)
-    assert Policy.for_workers(8) == Policy(8, partial_workers=3, background_workers=7)
-    assert Policy.for_workers(1) == Policy(1, 1, 1)  # one worker: partials must still run sometime
+    assert Policy.for_workers(3) == Policy(3, partial_workers=1, background_workers=2, partial_beside=0)
+    assert Policy.for_workers(8) == Policy(8, partial_workers=3, background_workers=7, partial_beside=5)
+    assert Policy.for_workers(1) == Policy(1, 1, 1, partial_beside=0)  # one worker: partials must still run sometime
     with pytest.raises(ValueError):
         Policy.for_workers(0)
 
@@ -147,3 +147,28 @@ def test_a_worker_takes_the_queued_finals_of_its_stage_as_one_batch() -> None:
     for j in finals[:4]:
         q.finish(j)
     assert started(q) is check  # the turn check kept its place before the last final
+
+
+def test_on_two_cores_a_partial_waits_for_a_lull_and_is_dropped_if_none_comes() -> None:
+    """for_workers(3) (two cores): a partial does not start beside a running final or phrase, though a worker and
+    its partial slot are free; it starts once they finish, and goes stale if they never leave a gap."""
+    q = StageQueue(Policy.for_workers(3, partial_max_wait_ms=500))
+    final, partial = job(W, "a"), job(P, "b", at=0.0)
+    q.submit(final)
+    q.submit(partial)
+    assert started(q) is final
+    assert started(q, 10) is None  # two workers free, no partial running: still waits, the final has the cores
+    phrase = job(N, "c", stage="tts")
+    q.submit(phrase)
+    assert started(q, 20) is phrase  # later phrases are not held back
+    q.finish(final)
+    assert started(q, 30) is None  # the phrase still runs
+    q.finish(phrase)
+    assert started(q, 40) is partial  # a lull: the partial runs
+    q.finish(partial)
+    busy, late = job(W, "d"), job(P, "e", at=100.0)
+    q.submit(busy)
+    q.submit(late)
+    assert started(q, 100) is busy
+    out = q.start(700)  # the final is still running past partial_max_wait_ms
+    assert out.job is None and out.dropped == (late,)
