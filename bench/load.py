@@ -109,6 +109,27 @@ def wait_idle(url: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.5)
 
 
+def partial_counts(url: str, token: str | None = None) -> tuple[int, int] | None:
+    """From the server's /metrics: partial transcripts run and dropped so far (None: no shared scheduler)."""
+    req = urllib.request.Request(url.rstrip("/") + "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    run = skipped = 0
+    found = False
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == "parley_stage_jobs_running":  # the shared scheduler reports (none under `scheduling: direct`)
+            found = True
+        elif name == 'parley_stage_queue_wait_ms_count{stage="asr",priority="partial"}':
+            run = int(float(value))
+        elif name.startswith('parley_stage_skipped_total{stage="asr"'):
+            skipped += int(float(value))
+    return (run, skipped) if found else None
+
+
 QUEUED_STAGES = ("asr", "turn", "tts")
 
 
@@ -125,7 +146,7 @@ def queue_waits(turns: list[TurnResult]) -> dict[str, dict[str, float | None]]:
 
 
 def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str, Any], budgets: dict[str, float],
-              wall_s: float, refused: int = 0) -> dict[str, Any]:
+              wall_s: float, refused: int = 0, partials: tuple[int, int] | None = None) -> dict[str, Any]:
     summary = _stats.summarize(turns, budgets)
     v2v, client = summary["voice_to_voice"], summary[_stats.CLIENT_V2V]
     over_any = sum(1 for t in turns if t.trace and t.trace.get("over_budget"))
@@ -135,7 +156,8 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "holds": not errors and _stats.holds_budget(v2v),
             "holds_all": not errors and all(_stats.holds_budget(summary[s]) for s in budgets if summary.get(s, {}).get("n")),
             "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), "refused": refused,
-            "queue_ms": queue_waits(turns), **res}
+            "queue_ms": queue_waits(turns), "partials_run": partials[0] if partials else None,
+            "partials_skipped": partials[1] if partials else None, **res}
 
 
 def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ServerProcess]]:
@@ -181,13 +203,19 @@ def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], ou
         for n in args.levels:
             for url in urls:
                 wait_idle(url)
+            counts_before = [partial_counts(url, args.token) for url in urls]
             sampler = ResourceSampler(pids)
             sampler.start()
             t_level = time.monotonic()
             turns, errors, refused = asyncio.run(run_level(urls, n, pool, args))
             res = sampler.stop()
+            counts = [partial_counts(url, args.token) for url in urls]
+            partials = None
+            if all(c is not None for c in counts + counts_before):  # partials run / dropped during this level
+                partials = (sum(a[0] - b[0] for a, b in zip(counts, counts_before)),  # type: ignore[index]
+                            sum(a[1] - b[1] for a, b in zip(counts, counts_before)))  # type: ignore[index]  # fmt: skip
             budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
-            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level, refused))
+            rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level, refused, partials))
             r = rows[-1]
             print(f"  [{name}] {n:>2} sessions: {r['turns']} turns, v2v median {_stats.fmt_ms(r['v2v_median'])} ms, "
                   f"p95 {_stats.fmt_ms(r['v2v_p95'])} ms, {r['errors']} errors, {refused} refused, {r['wall_s']} s",
@@ -289,10 +317,11 @@ def print_side_by_side(one: list[dict[str, Any]], split: list[dict[str, Any]], m
 
 def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool) -> None:
     header = ("sessions", "turns", "v2v med", "v2v p95", "client med", "client p95", "over", "errors", "cpu %",
-              "rss MiB", "slowest stage", "holds")
+              "rss MiB", "partials run/dropped", "slowest stage", "holds")
     f = _stats.fmt_ms
     table = [[r["sessions"], r["turns"], f(r["v2v_median"]), f(r["v2v_p95"]), f(r["client_v2v_median"]),
               f(r["client_v2v_p95"]), r["turns_over_budget"], r["errors"], f(r["cpu_pct_mean"]), f(r["rss_mb_max"]),
+              "-" if r.get("partials_run") is None else f"{r['partials_run']}/{r['partials_skipped']}",
               r["slowest_stage"] or "-", "yes" if r["holds"] else "no"] for r in rows]
     print(f"\nConcurrent sessions (ms; voice_to_voice budget {f(budgets.get('voice_to_voice'))} ms; "
           "'over': turns with any stage over budget; cpu: server, 100 = one core)")

@@ -54,7 +54,8 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert level["holds"] == (level["v2v_p95"] <= result["budgets_ms"]["voice_to_voice"])
     assert result["max_sessions_within_budget"] == (2 if level["holds"] else 0)
     assert level["refused"] == 0 and level["queue_ms"]["asr"]["n"] == 2  # each turn's final says how long it queued
-    assert "Concurrent sessions" in proc.stdout
+    assert level["partials_run"] + level["partials_skipped"] > 0  # from /metrics: the speakers' partials, counted
+    assert "Concurrent sessions" in proc.stdout and "partials run/dropped" in proc.stdout
 
 
 def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:
@@ -69,6 +70,7 @@ def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:
         assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, (name, level["error_list"])
     before, after = result["topologies"]["before"][0]["queue_ms"], result["topologies"]["after"][0]["queue_ms"]
     assert before["asr"]["p95"] == 0.0  # nothing queues when each job has its own thread
+    assert result["topologies"]["before"][0]["partials_run"] is None  # no shared scheduler to count them
     assert after["asr"]["n"] == 2
     assert "Before (each stage on its own thread at once) vs after" in proc.stdout
 
