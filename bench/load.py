@@ -37,8 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=3, help="spoken turns per session (default 3)")
     p.add_argument("--stagger", type=float, default=2.0,
                    help="seconds over which a level's sessions join, so they do not all speak at once (default 2)")
-    p.add_argument("--level-timeout", type=float, default=90.0,
-                   help="seconds a level may run; unfinished turns count as errors (default 90)")
+    p.add_argument("--level-timeout", type=float, default=150.0,
+                   help="seconds a level may run; unfinished turns count as errors (default 150: a reply at the "
+                        "persona's length cap plays for ~35 s, and the session speaks on only after it)")
     p.add_argument("--out", default="artifacts/bench/load.json", help="JSON results (default %(default)s)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for docs/benchmarks.md)")
     p.add_argument("--topology", choices=("one", "split", "both"), default="one",
