@@ -11,8 +11,9 @@ audio already queued runs out; a partial transcript is only a courtesy on the sc
   behind work nobody waits for that started before it;
 - a partial starts only while at most `partial_beside` other jobs run (none on two cores): on a busy machine a
   partial does not take the cores from a final or a phrase that is running, it waits for a lull, and is dropped
-  or replaced if none comes (bench/load.py: at eight sessions on two cores, partials decoding beside the rest
-  cost ~3x the finals' recognition time and doubled the v2v p95);
+  or replaced if none comes (bench/load.py, eight sessions on two cores: a request gets about three partial
+  decodes of a growing window against one final; waiting for lulls took the v2v p95 from 1.4-2.4 s to
+  1.2-1.4 s in most runs, as with no partials at all);
 - a partial still queued after `partial_max_wait_ms` is dropped (by then the session has new audio and the
   next partial covers it), and a new partial from the same session replaces a queued one (coalesced): when
   the machine is behind, partials thin out instead of piling up;
