@@ -5,7 +5,8 @@ Recognition, speech synthesis and end-of-turn checks of every session share a fe
 a reply's first phrase are what a user is waiting for right now; a reply's later phrases are needed before the
 audio already queued runs out; a partial transcript is only a courtesy on the screen. So:
 
-- strictly by priority, oldest first within one;
+- strictly by priority, oldest first within one, except that an end-of-turn check (one thread, ~30 ms, and
+  the endpoint waits on it) goes before the finals and first phrases waiting with it;
 - partials and later phrases never take the last free worker (together at most `background_workers` run at
   once, partials alone at most `partial_workers`), so a final, a turn check or a first phrase never queues
   behind work nobody waits for that started before it;
@@ -25,6 +26,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+
+QUICK_STAGES = frozenset({"turn"})  # ~30 ms on one thread, and an endpoint waits on it: first among the waited jobs
 
 
 class Priority(IntEnum):
@@ -113,7 +117,8 @@ class StageQueue:
                     and self._running(Priority.WAITED, Priority.NEXT) > self.policy.partial_beside)
             ):  # fmt: skip
                 break
-            job = queue.popleft()
+            job = next((j for j in queue if j.stage in QUICK_STAGES), queue[0]) if priority is Priority.WAITED else queue[0]
+            queue.remove(job)
             if priority is Priority.PARTIAL:
                 del self._partial_of[job.key]
             self.running[job.id] = job

@@ -140,13 +140,15 @@ def test_a_worker_takes_the_queued_finals_of_its_stage_as_one_batch() -> None:
     for j in (finals[0], check, *finals[1:], partial):
         q.submit(j)
     q.finish(busy)
+    assert started(q) is check  # the turn check first (it is quick, and an endpoint waits on it)
+    q.finish(check)
     first = started(q)
     assert first is finals[0]
     assert q.take_like(first, 3) == tuple(finals[1:4])  # same stage and priority, oldest first, up to the limit
     assert q.take_like(partial, 3) == ()  # partials are never batched
     for j in finals[:4]:
         q.finish(j)
-    assert started(q) is check  # the turn check kept its place before the last final
+    assert started(q) is finals[4]
 
 
 def test_on_two_cores_a_partial_waits_for_a_lull_and_is_dropped_if_none_comes() -> None:
@@ -172,3 +174,17 @@ def test_on_two_cores_a_partial_waits_for_a_lull_and_is_dropped_if_none_comes() 
     assert started(q, 100) is busy
     out = q.start(700)  # the final is still running past partial_max_wait_ms
     assert out.job is None and out.dropped == (late,)
+
+
+def test_an_end_of_turn_check_goes_before_the_finals_and_phrases_waiting_with_it() -> None:
+    """Among the jobs users wait for, a turn check (one thread, ~30 ms, an endpoint waits on it) starts first;
+    the rest keep their order, and a later phrase still waits for all of them."""
+    q = StageQueue(Policy(workers=1, partial_workers=1, background_workers=1))
+    later, final, phrase, check = job(N, "a", stage="tts"), job(W, "b"), job(W, "c", stage="tts"), job(W, "d", stage="turn")
+    for j in (later, final, phrase, check):
+        q.submit(j)
+    order = []
+    while (j := started(q)) is not None:
+        order.append(j)
+        q.finish(j)
+    assert order == [check, final, phrase, later]
