@@ -25,8 +25,8 @@ async def stream(st: StreamingTranscriber, audio: np.ndarray) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("indices", [(0, 2), (6, 16)])
-async def test_committed_never_changes_and_final_matches_offline(indices, tiny_transcriber, corpus_piper):
-    audio = np.concatenate([corpus_piper[indices[0]], corpus.silence(300), corpus_piper[indices[1]]])
+async def test_committed_never_changes_and_final_matches_offline(indices, tiny_transcriber, corpus_piper_fixed):
+    audio = np.concatenate([corpus_piper_fixed[indices[0]], corpus.silence(300), corpus_piper_fixed[indices[1]]])
     st = StreamingTranscriber(tiny_transcriber, partial_interval_ms=500)
     snapshots = await stream(st, audio)
     print(f"\npartials: {snapshots}")
