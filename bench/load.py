@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench import _prompts, _stats, corpus
 from bench._client import Prompt, ScriptedSession, TurnResult
 from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server
@@ -211,10 +213,10 @@ def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], ou
             turns, errors, refused = asyncio.run(run_level(urls, n, pool, args))
             res = sampler.stop()
             counts = [partial_counts(url, args.token) for url in urls]
-            partials = None
-            if all(c is not None for c in counts + counts_before):  # partials run / dropped during this level
-                partials = (sum(a[0] - b[0] for a, b in zip(counts, counts_before)),  # type: ignore[index]
-                            sum(a[1] - b[1] for a, b in zip(counts, counts_before)))  # type: ignore[index]  # fmt: skip
+            partials = None  # partials run / dropped during this level, over every server
+            if None not in counts + counts_before:
+                a, b = np.sum(counts, axis=0), np.sum(counts_before, axis=0)
+                partials = (int(a[0] - b[0]), int(a[1] - b[1]))
             budgets = budgets or next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
             rows.append(level_row(n, turns, errors, res, budgets, time.monotonic() - t_level, refused, partials))
             r = rows[-1]
