@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 LEAD_MS = 300.0
 
 
-def too_slow_here(trace: dict, vad: Any, pause_ms: float) -> str | None:
+def too_slow_here(trace: dict[str, Any], vad: Any, pause_ms: float) -> str | None:
     """Why this machine's end-of-turn check could not answer within the silence the audio gives it, or None.
 
     A check waits for the work ahead (the final recognition, then the engine's prefill) and the audio model;
