@@ -104,8 +104,8 @@ class DesktopClient:
             await self.set_persona(names[(names.index(current) + 1) % len(names)])
 
     async def send_text(self, text: str) -> None:
-        self._typed.append(text)  # labels the next reply's latency row (a typed turn has no transcript)
-        await self._send_quiet(InputText(type="input.text", text=text))
+        if await self._send_quiet(InputText(type="input.text", text=text)):
+            self._typed.append(text)  # labels the next typed turn's latency row (it has no transcript), by its trace
 
     # ---- main loop ----
     async def run(self) -> int:
@@ -241,12 +241,14 @@ class DesktopClient:
             if self.view.state == "speaking" and not self.jitter.playing():
                 self.view.state = "idle"
 
-    async def _send_quiet(self, msg: Any) -> None:
-        """Commands while disconnected are dropped: the user sees 'reconnecting' and can repeat."""
+    async def _send_quiet(self, msg: Any) -> bool:
+        """Commands while disconnected are dropped: the user sees 'reconnecting' and can repeat. -> sent"""
         try:
             await self._conn.send_json(msg)
         except ConnectionLost:
             self.view.notice = "not connected; try again when reconnected"
+            return False
+        return True
 
     def _spawn(self, coro: Any) -> None:
         if self._loop is not None:
@@ -295,9 +297,6 @@ class DesktopClient:
         elif kind == "response.text.delta":
             if turn_id != self._reply_turn:
                 self._reply_turn, view.reply = turn_id, ""
-                row = self.latency.get(turn_id)
-                if self._typed and (row is None or not row.user_text):
-                    self.latency.on_typed(turn_id, self._typed.pop(0))
             view.reply += msg["text"]
         elif kind == "response.audio.clear":
             self.jitter.clear(turn_id)
@@ -308,6 +307,9 @@ class DesktopClient:
         elif kind == "turn.trace":
             self.latency.on_trace(turn_id, msg.get("stages_ms", {}), msg.get("budgets_ms", {}),
                                   msg.get("over_budget", []))
+            # A typed turn is known by its trace (a greeting has none, and can start after the text was sent)
+            if msg.get("input") == "text" and self._typed:
+                self.latency.on_typed(turn_id, self._typed.pop(0))
             view.budgets_ms = dict(self.latency.budgets_ms)
         elif kind == "error":
             view.notice = f"server: {msg.get('message')} ({msg.get('code')})"

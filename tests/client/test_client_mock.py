@@ -218,3 +218,21 @@ def test_file_backed_audio_io_plays_a_wav_and_saves_the_speaker(tmp_path) -> Non
     save_played(io, tmp_path / "out.wav")
     out, rate = sf.read(tmp_path / "out.wav", dtype="float32")
     assert rate == 16000 and np.allclose(out, 0.2, atol=1e-4)
+
+
+
+async def test_a_typed_turn_is_labelled_by_its_trace_not_by_the_greeting_before_it(mock: tuple[MockState, int]) -> None:
+    """On a slow server a persona switch's greeting (a reply without a trace) can start after a typed text was
+    sent: the typed turn's row, not the greeting's, carries the text."""
+    state, port = mock
+    client, _ = make_client(port)
+    task = await started(client)
+    await client.send_text("what time is it")
+    # the greeting's first delta, as the server sends it, before the typed turn's own reply can arrive
+    client._on_message({"type": "response.text.delta", "turn_id": 99, "text": "Short"})
+    await wait_for(lambda: any(e["type"] == "turn.trace" for e in client.events), what="the typed turn's trace")
+    trace = next(e for e in client.events if e["type"] == "turn.trace")
+    labels = {row.turn_id: row.user_text for row in client.latency.rows()}
+    assert trace["input"] == "text" and labels[trace["turn_id"]] == "what time is it"
+    assert labels.get(99, "") == ""
+    assert await finish(client, task) == 0

@@ -82,7 +82,9 @@ class _Session:
     async def send(self, msg: dict[str, Any]) -> None:
         await self.ws.send_text(json.dumps(msg))
 
-    async def respond(self, turn_id: int, text: str) -> None:
+    async def respond(self, turn_id: int, text: str, heard: str | None) -> None:
+        """heard: "voice" or "text" for a reply to the user (its turn.trace says which); None for a greeting,
+        which, as on the real server, has no trace."""
         freq = 330.0 if self.voice == "kal" else 220.0  # the voice is audible in the pitch
         for i, word in enumerate(text.split(" ")):  # deltas as an LLM's tokens come: the space before the word
             await self.send({"type": "response.text.delta", "turn_id": turn_id, "text": word if i == 0 else " " + word})
@@ -96,17 +98,18 @@ class _Session:
                 await asyncio.sleep(0.05)  # twice real time, like a TTS that keeps ahead
             await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": False, "spoken_text": text})
             over = [k for k, v in CANNED_STAGES.items() if v > BUDGETS[k]]
-            await self.send({"type": "turn.trace", "turn_id": turn_id, "marks_ms": {}, "stages_ms": CANNED_STAGES,
-                             "budgets_ms": BUDGETS, "over_budget": over})  # fmt: skip
+            if heard is not None:
+                await self.send({"type": "turn.trace", "turn_id": turn_id, "input": heard, "marks_ms": {},
+                                 "stages_ms": CANNED_STAGES, "budgets_ms": BUDGETS, "over_budget": over})  # fmt: skip
         except asyncio.CancelledError:
             await self.send({"type": "response.audio.clear", "turn_id": turn_id})
             await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": True,
                              "spoken_text": " ".join(text.split()[: max(1, sent // 5)])})  # fmt: skip
             raise
 
-    def start_reply(self, text: str) -> int:
+    def start_reply(self, text: str, heard: str | None = None) -> int:
         turn_id = next(self.turn_ids)
-        self.reply = asyncio.create_task(self.respond(turn_id, text))
+        self.reply = asyncio.create_task(self.respond(turn_id, text, heard))
         return turn_id
 
     async def cancel_reply(self) -> None:
@@ -137,7 +140,7 @@ class _Session:
         if self.speaking and self.silent_ms >= 400:
             self.speaking = False
             await self.send({"type": "vad.speech_ended", "turn_id": self.next_turn, "t_ms": self.heard_ms - self.silent_ms})
-            turn_id = self.start_reply(REPLY_TEXT)
+            turn_id = self.start_reply(REPLY_TEXT, "voice")
             self.next_turn = turn_id + 1
             await self.send({"type": "transcript.final", "turn_id": turn_id, "text": TRANSCRIPT})
 
@@ -146,7 +149,7 @@ class _Session:
         if kind == "input.text":
             self.state.texts.append(data["text"])
             await self.cancel_reply()
-            self.next_turn = self.start_reply(f"You said: {data['text']}.") + 1
+            self.next_turn = self.start_reply(f"You said: {data['text']}.", "text") + 1
         elif kind == "response.cancel":
             self.state.cancels += 1
             await self.cancel_reply()
