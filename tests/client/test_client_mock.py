@@ -220,7 +220,6 @@ def test_file_backed_audio_io_plays_a_wav_and_saves_the_speaker(tmp_path) -> Non
     assert rate == 16000 and np.allclose(out, 0.2, atol=1e-4)
 
 
-
 async def test_a_typed_turn_is_labelled_by_its_trace_not_by_the_greeting_before_it(mock: tuple[MockState, int]) -> None:
     """On a slow server a persona switch's greeting (a reply without a trace) can start after a typed text was
     sent: the typed turn's row, not the greeting's, carries the text."""
