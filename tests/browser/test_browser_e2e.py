@@ -105,23 +105,47 @@ def test_spoken_question_is_transcribed_answered_heard_and_traced(server, launch
         shutil.copyfile(shot, ROOT / "docs" / "screenshot.png")
 
 
-def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(server, launch, tmp_path) -> None:
-    # Place the interruption ~1.5 s into the reply: the warm server's mic-to-ear from the first test
-    # (or a conservative guess when run alone), plus the part of the reply we let play. A loaded
-    # machine can shift the reply, so the interruption comes up to three times, each a new question
-    # whose own reply the next one can interrupt; the first that lands during a reply is measured.
-    pause_ms = measured.get("mic_to_ear_ms", 4500.0) + 1500.0
-    parts: list[tuple[str, float | str]] = [("silence", 600), ("say", STORY)]
-    for _ in range(3):
-        parts += [("silence", pause_ms), ("say", INTERRUPTION)]
-    wav = mic_wav(tmp_path / "barge.wav", [*parts, ("silence", 60_000)])
+def barge_in_attempt(launch, server: ServerProcess, wav: Path) -> tuple[object, dict | None]:
+    """One fresh session that asks for a story and talks over its reply: (page, the measured barge-in or None).
+
+    Ends when the page stopped a reply for the speech, or when the interruption's own turn was answered
+    without anything to stop (it landed before the reply was heard or in a gap between its phrases).
+    """
     page = launch(wav)
     open_after_greeting(page, server)
     page.click("#start")
-    wait_page(page, "window.parleyStats.bargeIns.some(b => b.stopMs !== null)", 240_000, server)
+    wait_page(page, "window.parleyStats.bargeIns.some(b => b.stopMs !== null)"
+                    " || [...document.querySelectorAll('#conversation .msg.user')].some(m => /time/i.test(m.innerText)"
+                    " && window.parleyStats.done.some(d => d.turnId === +m.dataset.turn))", 180_000, server)
+    barge = next((b for b in stats(page)["bargeIns"] if b["stopMs"] is not None), None)
+    return page, barge
+
+
+def test_barge_in_stops_playback_within_300_ms_and_next_turn_proceeds(server, launch, tmp_path) -> None:
+    # The interruption should start ~0.3 s into the reply's first phrase. Its place in the microphone file
+    # comes from a measured mic-to-ear: the first test's (or a conservative guess when run alone), then
+    # the story's own in the attempt before. Each attempt is a fresh session, so a reply cut short in
+    # one does not shape the replies of the next. A slow machine leaves gaps between phrases, and speech
+    # in a gap has nothing to stop: that attempt is a miss, not a failure.
+    pause_ms = measured.get("mic_to_ear_ms", 4500.0) + 300.0
+    misses: list[dict] = []
+    for attempt in range(4):
+        wav = mic_wav(tmp_path / f"barge{attempt}.wav",
+                      [("silence", 600), ("say", STORY), ("silence", pause_ms), ("say", INTERRUPTION), ("silence", 60_000)])
+        page, barge = barge_in_attempt(launch, server, wav)
+        if barge is not None:
+            break
+        s = stats(page)
+        story_turn = page.locator("#conversation .msg.user").first.get_attribute("data-turn")
+        story_ear = s["micToEar"].get(story_turn)
+        misses.append({"pause_ms": pause_ms, "story_mic_to_ear_ms": story_ear, "story_reply_received_s": s["receivedS"].get(story_turn),
+                       "done": s["done"]})
+        pause_ms = story_ear + 300.0 if story_ear else pause_ms + 800.0
+        page.context.browser.close()
+    else:
+        raise AssertionError(f"no interruption landed while a reply was heard: {misses}")
+    print(f"\nbarge-in: {barge} (after {len(misses)} missed attempts: {misses})")
     s = stats(page)
-    barge = next(b for b in s["bargeIns"] if b["stopMs"] is not None)
-    print(f"\nbarge-in: {barge}")
     assert barge["speechAt"] is not None and 0 < barge["stopMs"] < 300, barge
     cut = barge["turnId"]
     assert str(cut) in s["firstPlayed"]  # it was really playing when the user spoke
