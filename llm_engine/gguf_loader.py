@@ -1,6 +1,6 @@
 """One-time conversion of a llama.cpp GGUF file into a cached Hugging Face-style folder.
 
-Reads tensors with gguf.GGUFReader, dequantizes them to float32, maps names, undoes llama.cpp's Q/K
+Reads tensors with llm_engine.gguf_file, dequantizes them to float32, maps names, undoes llama.cpp's Q/K
 row permutation, and saves config.json + model.safetensors + tokenizer files under the user cache dir.
 Later loads read the safetensors (seconds). It knows nothing about the model code or the engine.
 """
@@ -60,7 +60,7 @@ def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progr
     """-> a folder with config.json, model.safetensors and tokenizer files; converts only the first time.
 
     weights=False: config and tokenizer only (a quantized load reads the weights from the GGUF itself).
-    reader: the file's gguf.GGUFReader, when the caller has parsed it already."""
+    reader: the file's GgufFile, when the caller has parsed it already."""
     gguf_path = Path(gguf_path).resolve()
     folder = cache_folder_for(gguf_path, cache_root, weights=weights)
     if (folder / "done").exists():
@@ -77,11 +77,12 @@ def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progr
 
 
 def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: bool = True, reader: Any = None) -> None:
-    from gguf import GGUFReader
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    reader = reader or GGUFReader(str(gguf_path))
+    from llm_engine.gguf_file import GgufFile
+
+    reader = reader or GgufFile(gguf_path)
     cfg = read_config(reader, gguf_path)
     if weights:
         state: dict[str, torch.Tensor] = {}
@@ -115,9 +116,9 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K",
 
 def read_config(reader: Any, gguf_path: Path) -> ModelConfig:
     """The model's shape from the GGUF metadata, with a one-line error for what Parley cannot run."""
-    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    meta = {k: v for k, v in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" in reader.fields:
-        meta["_n_vocab"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+        meta["_n_vocab"] = len(reader.fields["tokenizer.ggml.tokens"])
     tensors = {t.name: t for t in reader.tensors}
     for t in reader.tensors:
         if t.tensor_type.name not in SUPPORTED_TYPES:
@@ -185,13 +186,6 @@ def config_from_gguf(
         max_position_embeddings=int(get("context_length", 2048)),
         architecture=arch,
     )
-
-
-def _field_value(field: Any) -> Any:
-    try:
-        return field.contents()
-    except (ValueError, IndexError, TypeError):
-        return None
 
 
 def save_tokenizer(gguf_path: Path, out: Path) -> None:

@@ -109,11 +109,12 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
     of a tied model) is taken as int4 when the file stores it in 4 bits: its author chose that; otherwise
     quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
     """
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
 
+    from llm_engine.gguf_file import GgufFile
     from llm_engine.gguf_loader import ROPE_FREQS, dequantized, hf_name, read_config, unpermute_qk
 
-    reader = reader or GGUFReader(str(gguf_path))
+    reader = reader or GgufFile(gguf_path)
     cfg = read_config(reader, Path(gguf_path))
     out = GgufWeights(cfg, {}, {})
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"

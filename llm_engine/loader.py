@@ -86,12 +86,11 @@ def load_gguf_quantized(
     first load and kept beside the config, so later loads only unpack the blocks."""
     from safetensors.torch import load_file, save_file
 
-    from gguf import GGUFReader
-
+    from llm_engine.gguf_file import GgufFile
     from llm_engine.gguf_loader import prepare_gguf
     from llm_engine.gguf_quant import read_gguf
 
-    reader = GGUFReader(str(path))  # parsed once, for its config and tokenizer (the first load) and its weights
+    reader = GgufFile(path)  # parsed once, for its config and tokenizer (the first load) and its weights
     folder = prepare_gguf(path, weights=False, reader=reader)
     rest = folder / f"rest-{scheme}.safetensors"
     weights = read_gguf(path, scheme, floats=not rest.exists(), reader=reader)  # type: ignore[arg-type]
