@@ -148,6 +148,7 @@ class ServerConfig(_Strict):
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_messages_per_s: float = Field(200.0, gt=0)
     audio_burst_s: float = Field(2.0, gt=0)  # audio a client may send ahead of real time before it is dropped
+    audio_lead_s: float = Field(1.0, gt=0)  # reply audio sent ahead of real-time playback (what a barge-in drops)
     max_connections: int = Field(1000, ge=1)  # open TCP connections; more are refused at once
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be in by then
     max_header_bytes: int = Field(65536, ge=4096)

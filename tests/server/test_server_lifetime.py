@@ -20,8 +20,10 @@ async def test_a_long_conversation_drops_old_turns_rarely_and_keeps_its_cache(tm
     """Finding 8's other half against a real process: with a context of 384 tokens (history ~770 characters) a
     conversation overflows within a few turns. Dropping the oldest message every turn changed the prompt's
     prefix every turn, and every turn recomputed the whole prompt; now old turns go in halves, rarely, and
-    the turns between drops compute only their new message (counted by the engine, not timed)."""
-    proc = ServerProcess(tmp_path, more={"models": {"llm": {"max_seq_len": 384}}}).start()
+    the turns between drops compute only their new message (counted by the engine, not timed). Nobody listens:
+    each reply's audio is sent as fast as it is made, not paced to real time (audio_lead_s)."""
+    more = {"models": {"llm": {"max_seq_len": 384}}, "server": {"audio_lead_s": 600}}
+    proc = ServerProcess(tmp_path, more=more).start()
     try:
         c = await open_session(proc.ws_url(TOKEN), persona="concise")
         await c.wait_for("response.done")  # the greeting

@@ -43,11 +43,19 @@ def test_set_overrides_parse_yaml_values() -> None:
     assert cfg.server.allowed_origins == ("http://a",)
 
 
+def test_the_audio_lead_reaches_each_session() -> None:
+    from parley.runtime import session_settings
+
+    assert session_settings(load_config()).audio_lead_ms == 1000.0
+    assert session_settings(load_config(None, ["server.audio_lead_s=2.5"])).audio_lead_ms == 2500.0
+
+
 @pytest.mark.parametrize(
     ("override", "key", "reason"),
     [
         ("server.bogus=1", "server.bogus", "unknown key"),
         ("server.port=eighty", "server.port", "valid integer"),
+        ("server.audio_lead_s=0", "server.audio_lead_s", "greater than 0"),
         ("budgets_ms.asr=-5", "budgets_ms.asr", ">= 0"),
         ("models.llm.quant=int3", "models.llm.quant", "int8"),
         ("default_persona=nobody", "default_persona", "nobody"),
