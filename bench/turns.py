@@ -11,6 +11,7 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.turns [--tiny] [--detectors fix
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -67,26 +68,45 @@ class Outcome:
 
 
 class Models:
-    """The real stages, each result memoised with the time it took (detectors share a clip's work)."""
+    """The real stages, each result memoised with the time it took (detectors share a clip's work). The audio model
+    and the engine load only for a detector that uses them (`need`, before its clips: never inside a timing)."""
 
     def __init__(self, system_prompt: str) -> None:
-        from llm_engine.engine import Engine
-        from llm_engine.threads import on_own_thread
         from voice.asr import WhisperTranscriber
-        from voice.smart_turn import SmartTurn
         from voice.vad import SileroVad
         from parley.locate import find_embedded
 
         self.vad = SileroVad(find_embedded("vad"))
-        self.turn_model = SmartTurn(find_embedded("turn"))
-        self.asr = WhisperTranscriber(find_embedded("asr"))
-        self.engine = on_own_thread(lambda: Engine.from_path(find_embedded("llm"), quant="int4", max_seq_len=1024, max_slots=2))
-        self.engine.start()
+        self.asr = WhisperTranscriber(find_embedded("asr"))  # every detector recognises its turns ahead
         self.system_prompt = system_prompt
         self._memo: dict[tuple[Any, ...], tuple[Any, float]] = {}
 
+    def need(self, policy: TurnPolicy) -> None:
+        if policy.uses_audio:
+            self.turn_model  # noqa: B018 (loads it)
+        if policy.uses_text:
+            self.engine  # noqa: B018
+
+    @functools.cached_property
+    def turn_model(self) -> Any:
+        from voice.smart_turn import SmartTurn
+        from parley.locate import find_embedded
+
+        return SmartTurn(find_embedded("turn"))
+
+    @functools.cached_property
+    def engine(self) -> Any:
+        from llm_engine.engine import Engine
+        from llm_engine.threads import on_own_thread
+        from parley.locate import find_embedded
+
+        engine = on_own_thread(lambda: Engine.from_path(find_embedded("llm"), quant="int4", max_seq_len=1024, max_slots=2))
+        engine.start()
+        return engine
+
     def close(self) -> None:
-        self.engine.stop()
+        if "engine" in self.__dict__:
+            self.engine.stop()
 
     def _timed(self, key: tuple[Any, ...], fn: Callable[[], Any]) -> tuple[Any, float]:
         if key not in self._memo:
@@ -235,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, splits = [], []
     try:
         for det, policy in runs:
+            models.need(policy)
             outcomes, costs = [], []
             for clip in clips:
                 outcome, c = simulate(clip, policy, models)
