@@ -31,12 +31,14 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """-> [head_dim // 2] float32 inverse frequencies, with linear, Llama-3 or per-frequency scaling applied."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """-> [head_dim // 2] float32 inverse frequencies, with linear, Llama-3 or per-frequency scaling applied.
+    On the CPU whatever the default device: a model built on "meta" would otherwise compute them through torch._refs,
+    whose first use imports torch._dynamo (~3 s of a 2-core server start)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if scaling.rope_type == "freq_factors":
         if len(scaling.freq_factors) != head_dim // 2:
             raise ValueError(f"rope freq_factors has {len(scaling.freq_factors)} values, head_dim {head_dim} needs {head_dim // 2}")
-        return inv / torch.tensor(scaling.freq_factors, dtype=torch.float32)
+        return inv / torch.tensor(scaling.freq_factors, dtype=torch.float32, device="cpu")
     if scaling.rope_type == "linear":
         return inv / scaling.factor
     if scaling.rope_type != "llama3":
@@ -55,9 +57,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
 
 def rope_tables(cfg: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> cos, signed sin [max_seq_len, head_dim] float32, the rotate-half layout (halves duplicated) with
-    the rotation's sign folded into the first half of sin, so apply_rope needs no negation."""
+    the rotation's sign folded into the first half of sin, so apply_rope needs no negation. On the CPU, as above."""
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2]
-    pos = torch.arange(max_seq_len, dtype=torch.float32)
+    pos = torch.arange(max_seq_len, dtype=torch.float32, device="cpu")
     freqs = torch.outer(pos, inv)  # [S, D/2]
     return torch.cat([freqs, freqs], dim=-1).cos(), torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
 
@@ -158,11 +160,16 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.max_seq_len = max_seq_len
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # On "meta" (a loader's skeleton) the embedding's random init and the rope tables' arithmetic would go through
+        # torch._refs, whose first use imports torch._dynamo: ~3 s of a 2-core server start, for nothing.
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)  # what nn.Embedding does itself
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg, max_seq_len)
+        cos, sin = (t.to(weight.device) for t in rope_tables(cfg, max_seq_len))  # made on the CPU, moved to the default
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_seq, D] float32
         self.register_buffer("rope_sin", sin, persistent=False)
 
