@@ -6,6 +6,7 @@ Later loads read the safetensors (seconds). It knows nothing about the model cod
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -50,9 +51,20 @@ def default_cache_root() -> Path:
 
 
 def cache_folder_for(gguf_path: Path, cache_root: Path | None = None, *, weights: bool = True) -> Path:
-    st = gguf_path.stat()
-    key = f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CONVERTER_VERSION}" + ("" if weights else "-meta")
+    key = f"{gguf_path.stem}-{fingerprint(gguf_path)}-v{CONVERTER_VERSION}" + ("" if weights else "-meta")
     return (cache_root or default_cache_root()) / key
+
+
+def fingerprint(path: Path, samples: int = 64, chunk: int = 1 << 16) -> str:
+    """The file's size and a hash of its first and last MiB and `samples` chunks spread between: the same file
+    reinstalled (a new mtime) keeps its conversion, a changed one gets its own. A few milliseconds, any size."""
+    size = path.stat().st_size
+    h = hashlib.blake2b(str(size).encode(), digest_size=8)
+    with path.open("rb") as f:
+        for offset in [0, *(i * size // samples for i in range(1, samples)), max(0, size - (1 << 20))]:
+            f.seek(offset)
+            h.update(f.read((1 << 20) if offset in (0, max(0, size - (1 << 20))) else chunk))
+    return f"{size}-{h.hexdigest()}"
 
 
 def prepare_gguf(gguf_path: str | Path, cache_root: Path | None = None, *, progress: bool = True, weights: bool = True,

@@ -85,3 +85,25 @@ def test_a_broken_file_is_named_in_one_line(tmp_path: Path) -> None:
         with pytest.raises(GgufError, match=messages[name]) as err:
             GgufFile(tmp_path / name)
         assert name in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_conversion_is_kept_for_the_same_bytes_and_not_for_changed_ones(tmp_path: Path) -> None:
+    """The conversion cache is keyed by content: a reinstalled file (new mtime) finds its conversion; a file of the
+    same size with a byte changed does not (keyed by mtime, each reinstall left a stale ~0.5 GB conversion)."""
+    import os
+
+    from llm_engine.gguf_loader import cache_folder_for
+
+    path = tmp_path / "a" / "small.gguf"
+    path.parent.mkdir()
+    write_small_gguf(path)
+    copy = tmp_path / "b" / "small.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    os.utime(copy, ns=(1, 1))
+    assert cache_folder_for(copy, tmp_path) == cache_folder_for(path, tmp_path)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    copy.write_bytes(bytes(raw))
+    assert cache_folder_for(copy, tmp_path) != cache_folder_for(path, tmp_path)
+    assert cache_folder_for(path, tmp_path, weights=False).name.endswith("-meta")
