@@ -37,6 +37,12 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: str | Path, *, stop_strings: Sequence[str] = ()) -> "Tokenizer":
+        """The fast tokenizer straight from tokenizer.json: AutoTokenizer picks it through transformers' model registry,
+        ~5 s of imports on a 2-core server start against 0.4 s. A folder without tokenizer.json goes through it."""
+        if (Path(folder) / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast
+
+            return cls(PreTrainedTokenizerFast.from_pretrained(str(folder)), stop_strings=stop_strings)
         from transformers import AutoTokenizer
 
         return cls(AutoTokenizer.from_pretrained(str(folder)), stop_strings=stop_strings)
