@@ -47,15 +47,22 @@ class PiperTts:
     def __init__(self, model_path: str | Path, *, chunk_ms: int = 200, use_cuda: bool = False, threads: int = 0) -> None:
         from piper import PiperVoice  # lazy: loads onnxruntime and espeak-ng data
 
-        self._voice: Any = PiperVoice.load(str(model_path), use_cuda=use_cuda)
-        if threads and not use_cuda:
+        self._voice: Any
+        if threads and not use_cuda:  # our own session options: one ONNX session built, not Piper's default and then ours
+            import json
+
             import onnxruntime
+            from piper.config import PiperConfig
 
             opts = onnxruntime.SessionOptions()
             opts.intra_op_num_threads = threads
             # threads that spin between runs take the cores recognition and the engine need under load
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._voice.session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+            config = PiperConfig.from_dict(json.loads(Path(f"{model_path}.json").read_text(encoding="utf-8")))
+            session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+            self._voice = PiperVoice(session=session, config=config)
+        else:
+            self._voice = PiperVoice.load(str(model_path), use_cuda=use_cuda)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._chunk_samples = self.sample_rate * chunk_ms // 1000
         self._base_length_scale = float(self._voice.config.length_scale)

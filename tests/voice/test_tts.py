@@ -46,6 +46,18 @@ def test_piper_can_be_stopped_mid_phrase(piper_tts: PiperTts):
 
 
 @pytest.mark.slow
+def test_piper_with_a_thread_budget_builds_one_session_with_it(tiny_transcriber):
+    """threads: the voice's one ONNX session has that many intra-op threads, and speaks as well as the default."""
+    from parley.locate import find_embedded
+
+    tts = PiperTts(find_embedded("tts"), threads=1)
+    assert tts._voice.session.get_session_options().intra_op_num_threads == 1
+    assert tts.sample_rate == 22050 and tts._base_length_scale > 0  # the voice's own config, read
+    audio = np.concatenate(list(tts.synthesize(TEXT, rate=1.2)))
+    text = tiny_transcriber.transcribe(corpus.to_16k(audio, tts.sample_rate)).text
+    assert corpus.wer(TEXT, text) <= 0.15, text
+
+
 def test_piper_speech_is_understood(piper_tts: PiperTts, tiny_transcriber):
     audio = np.concatenate(list(piper_tts.synthesize(TEXT, rate=1.2)))
     text = tiny_transcriber.transcribe(corpus.to_16k(audio, piper_tts.sample_rate)).text
