@@ -58,12 +58,13 @@ def cache_folder_for(gguf_path: Path, cache_root: Path | None = None, *, weights
 def fingerprint(path: Path, samples: int = 64, chunk: int = 1 << 16) -> str:
     """The file's size and a hash of its first and last MiB and `samples` chunks spread between: the same file
     reinstalled (a new mtime) keeps its conversion, a changed one gets its own. A few milliseconds, any size."""
-    size = path.stat().st_size
+    size, mib = path.stat().st_size, 1 << 20
+    reads = [(0, mib), *((i * size // samples, chunk) for i in range(1, samples)), (max(0, size - mib), mib)]
     h = hashlib.blake2b(str(size).encode(), digest_size=8)
     with path.open("rb") as f:
-        for offset in [0, *(i * size // samples for i in range(1, samples)), max(0, size - (1 << 20))]:
+        for offset, n in reads:
             f.seek(offset)
-            h.update(f.read((1 << 20) if offset in (0, max(0, size - (1 << 20))) else chunk))
+            h.update(f.read(n))
     return f"{size}-{h.hexdigest()}"
 
 
