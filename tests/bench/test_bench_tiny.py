@@ -181,3 +181,17 @@ def test_turns_sweep_tiny(tmp_path: Path) -> None:
     assert long - short >= 300.0
     bad = run_script("turns", "--tiny", "--sweep", "no_such_field=1")
     assert bad.returncode != 0 and "TurnPolicy field" in bad.stderr
+
+
+def test_startup_tiny(tmp_path: Path) -> None:
+    """bench/startup.py's smoke form: one start to its listening line, with the server's own account of each stage's
+    load; the later starts' median row only comes with --runs."""
+    out = tmp_path / "startup.json"
+    proc = run_script("startup", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    first = result["first"]
+    assert first["listening_s"] >= first["ready_s"] > 0 and result["starts"] == []
+    assert set(first["stages"]) >= {"vad", "asr", "llm", "tts"} and all(v >= 0 for v in first["stages"].values())
+    assert sum(first["stages"].values()) <= first["ready_s"] + 0.5  # each stage's load is part of the whole
+    assert "first start" in proc.stdout and "median of" not in proc.stdout
