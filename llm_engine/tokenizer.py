@@ -6,6 +6,7 @@ about models, caches or threads.
 from __future__ import annotations
 
 import functools
+import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +38,13 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: str | Path, *, stop_strings: Sequence[str] = ()) -> "Tokenizer":
-        """The fast tokenizer straight from tokenizer.json: AutoTokenizer picks it through transformers' model registry,
-        ~5 s of imports on a 2-core server start against 0.4 s. A folder without tokenizer.json goes through it."""
-        if (Path(folder) / "tokenizer.json").exists():
+        """A folder whose tokenizer_config names the generic fast tokenizer (what transformers writes for a GGUF's
+        tokenizer, so every embedded or converted model) loads it directly: AutoTokenizer resolves that same class
+        through transformers' model registry, ~5 s of imports on a 2-core server start against 0.4 s. A folder naming
+        a model's own tokenizer class goes through AutoTokenizer, which picks that class."""
+        config = Path(folder) / "tokenizer_config.json"
+        named = json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
+        if named in ("TokenizersBackend", "PreTrainedTokenizerFast") and (Path(folder) / "tokenizer.json").exists():
             from transformers import PreTrainedTokenizerFast
 
             return cls(PreTrainedTokenizerFast.from_pretrained(str(folder)), stop_strings=stop_strings)

@@ -20,6 +20,27 @@ def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
     return deltas + [d.flush()]
 
 
+def test_from_folder_loads_the_class_autotokenizer_would(smol_path, tmp_path):
+    """The generic fast tokenizer is loaded directly (no model registry); a folder naming a model's own tokenizer
+    class still gets that class from AutoTokenizer. Either way the same ids as AutoTokenizer's."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = prepare_gguf(smol_path)
+    named = tmp_path / "named"
+    shutil.copytree(folder, named)
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    (named / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    text = "Hello, world! What's 2+2? Ünïcödé… <|im_end|>"
+    for path in (folder, named):
+        ours, auto = Tokenizer.from_folder(path), AutoTokenizer.from_pretrained(str(path))
+        assert type(ours.hf) is type(auto), path
+        assert ours.encode(text) == auto.encode(text, add_special_tokens=False)
+    assert type(Tokenizer.from_folder(named).hf) is not type(Tokenizer.from_folder(folder).hf)
+
+
 def test_chat_template_places_persona_history_and_generation_prompt(tok):
     msgs = [
         ChatMessage("system", "You are Pat, a pirate."),
