@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """-> [head_dim // 2] float32 inverse frequencies, with linear, Llama-3 or per-frequency scaling applied.
     On the CPU whatever the default device: a model built on "meta" would otherwise compute them through torch._refs,
-    whose first use imports torch._dynamo (~3 s of a 2-core server start)."""
+    whose first use imports torch._dynamo (~2 s of a 2-core server start)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if scaling.rope_type == "freq_factors":
         if len(scaling.freq_factors) != head_dim // 2:
@@ -161,7 +161,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.max_seq_len = max_seq_len
         # On "meta" (a loader's skeleton) the embedding's random init and the rope tables' arithmetic would go through
-        # torch._refs, whose first use imports torch._dynamo: ~3 s of a 2-core server start, for nothing.
+        # torch._refs, whose first use imports torch._dynamo: ~2 s of a 2-core server start, for nothing.
         weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
         if weight.device.type != "meta":
             nn.init.normal_(weight)  # what nn.Embedding does itself
