@@ -68,7 +68,7 @@ class _Cursor:
             item, count = self.take("I"), self.take("Q")
             if item in _SCALARS:  # one read for the whole array
                 code = _SCALARS[item]
-                size = struct.calcsize(code) * count
+                size = struct.calcsize("<" + code) * count  # standard sizes, as the read below
                 if self.pos + size > len(self.buf):
                     raise GgufError(f"{self.path.name}: truncated GGUF header at byte {self.pos}")
                 values = list(struct.unpack_from(f"<{count}{code}", self.buf, self.pos))
