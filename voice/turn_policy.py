@@ -83,13 +83,13 @@ class TurnPolicy:
 class TurnCheck:
     """One end-of-turn check, as the turn's trace records it."""
 
-    silence_ms: float  # silence when its result came in
+    silence_ms: float  # silence when its result came in (unanswered: when the turn ended)
     audio_prob: float | None
     text_prob: float | None
     complete_prob: float | None
-    wait_ms: float | None  # the silence it asked for before the turn ends; None for a stale check
-    cost_ms: float  # the check's own time (model run, waiting for the text probability)
-    decision: str  # "end" | "wait" | "stale" (speech came back before the result)
+    wait_ms: float | None  # the silence it asked for before the turn ends; None for a stale or unanswered check
+    cost_ms: float  # the check's own time (model run, waiting for the text probability); unanswered: waited so far
+    decision: str  # "end" | "wait" | "stale" (speech came back before the result) | "unanswered" (the turn ended first)
 
     def to_dict(self) -> dict[str, object]:
         r = lambda x: None if x is None else round(x, 4)  # noqa: E731

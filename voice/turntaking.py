@@ -103,7 +103,9 @@ class _Heard:
     pause_ms: float | None = None  # audio time the current silence began
     ahead: bool = False
     check: int = 0  # checks asked so far; a result for an earlier one is stale
+    answered: int = 0  # the last check whose result came in
     asked: bool = False  # a check was asked in this silence
+    asked_ms: float = 0.0  # audio time the last check was asked
     end_after_ms: float | None = None  # the silence after which this pause ends the turn (set by a check)
     checks: list[TurnCheck] = field(default_factory=list)
 
@@ -194,6 +196,7 @@ class TurnTaking:
         if h is None or h.turn_id != turn_id:
             return []  # the turn ended meanwhile (its hangover ran out)
         silence = self._now_ms - h.pause_ms if h.pause_ms is not None else 0.0
+        h.answered = max(h.answered, check)
         if check != h.check or h.pause_ms is None:
             h.checks.append(TurnCheck(silence, audio_prob, text_prob, None, None, cost_ms, "stale"))
             return []
@@ -266,7 +269,7 @@ class TurnTaking:
         if p.detection == "fixed":
             return out
         if not h.asked and silence >= p.turn_check_ms:
-            h.asked = True
+            h.asked, h.asked_ms = True, self._now_ms
             h.check += 1
             return [*out, CheckTurn(h.turn_id, h.check, silence)]
         if h.end_after_ms is not None and silence >= h.end_after_ms:
@@ -275,6 +278,9 @@ class TurnTaking:
 
     def _end(self, h: _Heard, reason: str) -> list[Action]:
         assert self._endpointer is not None
+        if h.asked and h.answered < h.check and h.pause_ms is not None:  # the hold ran out first: the trace says so
+            waited = self._now_ms - h.asked_ms
+            h.checks.append(TurnCheck(self._now_ms - h.pause_ms, None, None, None, None, waited, "unanswered"))
         speech_end_ms = self._endpointer.speech_end_ms
         if self._endpointer.in_speech:
             self._endpointer.end()

@@ -34,7 +34,7 @@ def too_slow_here(trace: dict[str, Any], vad: Any, pause_ms: float) -> str | Non
                     f"{pause_ms:.0f} ms pause had ended")  # fmt: skip
     ahead = trace.get("ahead") or {}
     ahead_ms = float(ahead.get("asr_ms", 0.0)) + float(ahead.get("prefill_ms", 0.0))
-    answered = [ch for ch in checks if ch["decision"] != "stale"]
+    answered = [ch for ch in checks if ch["decision"] not in ("stale", "unanswered")]
     if trace["turn"]["end"] == "max_hangover" and not answered and vad.ahead_silence_ms + ahead_ms >= vad.max_hangover_ms:
         return (f"the work ahead that a check waits for took {ahead_ms:.0f} ms on this machine, past the "
                 f"{vad.max_hangover_ms} ms hold")  # fmt: skip

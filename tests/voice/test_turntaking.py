@@ -105,12 +105,26 @@ def test_an_unsure_check_waits_for_the_longest_hangover_and_speech_resuming_keep
     assert len(s.of(OpenTurn)) == 1
 
 
-def test_without_a_check_result_the_turn_ends_at_max_hangover() -> None:
-    s = Script(detection="combined", max_hangover_ms=1500)
+def test_without_a_check_result_the_turn_ends_at_max_hangover_and_says_the_check_was_unanswered() -> None:
+    s = Script(detection="combined", max_hangover_ms=1500, turn_check_ms=160)
     s.speak(500)
-    s.silent_until(CheckTurn)
+    check = s.silent_until(CheckTurn)
+    assert s.at(check) == 660.0  # 160 ms into the silence
     end = s.silent_until(EndTurn)
-    assert end.reason == "max_hangover" and s.at(end) - 500.0 == 1500.0 and end.checks == ()
+    assert end.reason == "max_hangover" and s.at(end) - 500.0 == 1500.0
+    (rec,) = end.checks  # the trace tells a check too slow for the hold from no check at all
+    assert rec.decision == "unanswered" and rec.silence_ms == 1500.0 and rec.cost_ms == 1340.0
+    assert rec.complete_prob is None and rec.wait_ms is None
+    assert s.send(s.core.check_done(1, check.check, 0.9, 0.5, 1400.0)) == []  # its late result changes nothing
+
+
+def test_a_check_answered_before_the_hold_is_not_unanswered() -> None:
+    s = Script(detection="combined", max_hangover_ms=1000)
+    s.speak(500)
+    check = s.silent_until(CheckTurn)
+    assert s.send(s.core.check_done(1, check.check, 0.01, 1e-4, 40.0)) == []  # unsure: wait the longest hold
+    end = s.silent_until(EndTurn)
+    assert end.reason == "max_hangover" and [c.decision for c in end.checks] == ["wait"]
 
 
 def test_a_middling_probability_waits_a_scaled_silence() -> None:
@@ -135,8 +149,8 @@ def test_a_result_for_a_pause_that_ended_is_stale() -> None:
     s.speak(300)
     assert s.send(s.core.check_done(1, check.check, 0.99, None, 20.0)) == []  # would have said complete
     s.silent_until(CheckTurn)
-    end = s.silent_until(EndTurn)
-    assert end.reason == "max_hangover" and [c.decision for c in end.checks] == ["stale"]
+    end = s.silent_until(EndTurn)  # the second pause's check never answers
+    assert end.reason == "max_hangover" and [c.decision for c in end.checks] == ["stale", "unanswered"]
 
 
 def test_combined_weighs_the_audio_model_less_than_the_text() -> None:
