@@ -21,6 +21,7 @@ import json
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -174,14 +175,19 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
     remote_sets = ("models.asr.backend=openai", f"models.asr.remote={remote}", "models.llm.backend=openai",
                    f"models.llm.remote={remote}", "voices.joe.backend=openai", f"voices.joe.remote={remote}",
                    "voices.joe.speaker=joe")  # fmt: skip
-    try:
-        for i in range(args.fronts):
-            servers.append(start_server(logs / f"{out.stem}.front{i}.traces.jsonl", logs / f"{out.stem}.front{i}.log",
-                                        config=args.config, sets=(*sets, *remote_sets, *args.sets)))  # fmt: skip
-    except Exception:
+
+    def front(i: int) -> ServerProcess:
+        return start_server(logs / f"{out.stem}.front{i}.traces.jsonl", logs / f"{out.stem}.front{i}.log",
+                            config=args.config, sets=(*sets, *remote_sets, *args.sets))  # fmt: skip
+
+    with ThreadPoolExecutor(args.fronts) as pool:  # together: each start is mostly imports and waits on one core
+        starting = [pool.submit(front, i) for i in range(args.fronts)]
+    failed = [f.exception() for f in starting if f.exception() is not None]
+    servers += [f.result() for f in starting if f.exception() is None]
+    if failed:
         for server in servers:
             server.stop()
-        raise
+        raise failed[0]  # type: ignore[misc]
     print(f"started parley stages at {stages.url} and {args.fronts} front ends: "
           + ", ".join(s.url for s in servers[1:]), flush=True)  # fmt: skip
     return [s.url for s in servers[1:]], servers
