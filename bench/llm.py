@@ -100,18 +100,18 @@ def single_request_rows(path: Path, prompt: list[int], n: int) -> tuple[list[Row
     return rows, reference
 
 
-def context_table(path: Path, positions: list[int], text: list[int], llama_cpp: bool) -> None:
+def context_table(path: Path, positions: list[int], text: list[int], llama_cpp: bool, steps: int = 32) -> None:
     """The default path (int4, compiled step) decoding with longer conversations behind it, with a float32
     and a float16 KV cache, beside llama.cpp after prompts of those lengths."""
     model, _ = load_model(path, max_seq_len=max(positions) + 1)
     gguf = read_quantized_linears(path, "int4") if path.suffix == ".gguf" else {}
     model = fuse_projections(quantize_model(model, "int4", replacements=gguf))
     print("\nOne request, decode tokens/s with this many cached positions (int4; ours at a fixed position, best of three"
-          " 32-step runs; llama.cpp: 32 tokens after a prompt of that length, best of two)")
+          f" {steps}-step runs; llama.cpp: 32 tokens after a prompt of that length, best of two)")
     print(f"{'':50s}" + "".join(f"{p:>10d}" for p in positions))
     for name, dtype in (("ours, compiled step, float32 KV cache", torch.float32),
                         ("ours, compiled step, float16 KV cache (default)", torch.float16)):  # fmt: skip
-        print(f"{name:50s}" + "".join(f"{r:10.1f}" for r in native_rate_at(model, positions, dtype)), flush=True)
+        print(f"{name:50s}" + "".join(f"{r:10.1f}" for r in native_rate_at(model, positions, dtype, steps)), flush=True)
     if llama_cpp:
         found = llama_cpp_rate_at(path, text, positions)
         rates = found if isinstance(found, str) else "".join(f"{r:10.1f}" for r in found)
@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--batches", default="1,4,8", help="concurrent requests in the batching rows")
     ap.add_argument("--contexts", default="40,300,1000,2000", help="cached positions for the context table")
+    ap.add_argument("--context-steps", type=int, default=32, help="decode steps per timed run in the context table")
     ap.add_argument("--persona-sessions", type=int, default=6, help="new sessions in the persona table (0: skip it)")
     ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
     ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
@@ -191,7 +192,8 @@ def main() -> None:
     else:
         rows.append(show(Row("llama.cpp (llama-cpp-python, same GGUF)", lc[0], lc[1], "-", None, lc[1])))
         baselines["llama.cpp"] = lc[1]
-    on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")], prompt, not args.skip_llama_cpp)
+    on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")], prompt, not args.skip_llama_cpp,
+                  args.context_steps)
     if baselines:
         print("\nRatios of decode tokens/s (the same run, the same cores):")
         print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))
