@@ -180,7 +180,7 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
         return start_server(logs / f"{out.stem}.front{i}.traces.jsonl", logs / f"{out.stem}.front{i}.log",
                             config=args.config, sets=(*sets, *remote_sets, *args.sets))  # fmt: skip
 
-    with ThreadPoolExecutor(args.fronts) as pool:  # together: each start is mostly imports and waits on one core
+    with ThreadPoolExecutor(args.fronts) as pool:  # together: a front end's start is mostly imports
         starting = [pool.submit(front, i) for i in range(args.fronts)]
     failed = [f.exception() for f in starting if f.exception() is not None]
     servers += [f.result() for f in starting if f.exception() is None]

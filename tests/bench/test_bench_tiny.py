@@ -90,8 +90,8 @@ def test_load_tiny_split_topology(tmp_path: Path) -> None:
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative), the batching rows and the persona table (cold vs prefix hit)."""
-    proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--context-steps", "4", "--skip-transformers", "--skip-llama-cpp",
-                      "--persona-sessions", "1")
+    proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--context-steps", "4",
+                      "--skip-transformers", "--skip-llama-cpp", "--persona-sessions", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
