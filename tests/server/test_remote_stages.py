@@ -6,6 +6,7 @@ restart the next turn is answered."""
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 
 import numpy as np
@@ -36,8 +37,9 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProc
     speech = ServerProcess(root / "speech", command="stages", stages=["asr", "tts"])
     front = None
     try:
-        llm.start()
-        speech.start()
+        with ThreadPoolExecutor(2) as pool:  # the two stage servers start together: each is mostly imports
+            for started in [pool.submit(proc.start) for proc in (llm, speech)]:
+                started.result()
         to_llm = {"base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": KEY_ENV, "timeout_s": 20}
         to_speech = {**to_llm, "base_url": f"http://127.0.0.1:{speech.port}/v1"}
         more = {"models": {"asr": {"backend": "openai", "remote": to_speech}, "llm": {"backend": "openai", "remote": to_llm}},
