@@ -94,8 +94,16 @@ def speak_piper(text: str, *, length_scale: float = 1.0, deterministic: bool = F
     """Speak `text` with the embedded Piper voice; returns (float32 [N], 22050).
 
     Piper samples its prosody from noise generated inside the ONNX graph (not seedable), so each call
-    sounds a little different; `deterministic` turns that noise off for tests that need exact timing.
+    sounds a little different; `deterministic` turns that noise off for tests that need exact timing (and the same
+    text is then synthesised once per process).
     """
+    if deterministic:
+        audio, rate = _piper_steady(text, length_scale)
+        return audio.copy(), rate
+    return _piper(text, length_scale, deterministic=False)
+
+
+def _piper(text: str, length_scale: float, *, deterministic: bool) -> tuple[np.ndarray, int]:
     from piper import SynthesisConfig
 
     voice = _piper_voice()
@@ -106,7 +114,19 @@ def speak_piper(text: str, *, length_scale: float = 1.0, deterministic: bool = F
     return np.concatenate(chunks).astype(np.float32), int(voice.config.sample_rate)
 
 
+@functools.lru_cache(maxsize=512)
+def _piper_steady(text: str, length_scale: float) -> tuple[np.ndarray, int]:  # callers get copies
+    return _piper(text, length_scale, deterministic=True)
+
+
 def _speak_command(argv: list[str]) -> tuple[np.ndarray, int]:
+    """A command-line synthesiser (deterministic): each text once per process; callers get copies."""
+    audio, rate = _speak_command_cached(tuple(argv))
+    return audio.copy(), rate
+
+
+@functools.lru_cache(maxsize=512)
+def _speak_command_cached(argv: tuple[str, ...]) -> tuple[np.ndarray, int]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.wav"
         subprocess.run([*argv, str(out)], check=True, capture_output=True)
