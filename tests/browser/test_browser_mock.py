@@ -100,6 +100,8 @@ def test_spoken_turn_shows_transcript_reply_audio_and_waterfall(launch, mock, qu
     assert ear > 0 and row.locator("[data-field=mic_to_ear]").inner_text() == f"{math.floor(ear + 0.5)} ms"  # JS Math.round
     assert "1453 ms" in row.locator("[data-field=voice_to_voice]").inner_text()
     assert "p50 1453 ms p95 1453 ms" in page.inner_text("#latency")
+    ended = row.locator("[data-field=turn_end]").inner_text()  # how the turn ended, from the trace's turn field
+    assert ended == "ended: the longest pause a turn holds ran out; its check was still out after 864 ms", ended
 
 
 def test_typed_turn_then_persona_switch_changes_voice_and_greets(launch, mock, silent_wav) -> None:
@@ -111,6 +113,7 @@ def test_typed_turn_then_persona_switch_changes_voice_and_greets(launch, mock, s
     assert page.inner_text("#conversation .msg.user.typed .body") == "hello there"
     page.wait_for_selector("#traces li.trace")
     assert "client send→ear" in page.inner_text("#traces li.trace .headline")
+    assert page.locator("#traces li.trace [data-field=turn_end]").count() == 0  # a typed turn has no end-of-turn
     page.select_option("#persona", "storyteller")
     page.wait_for_function("window.parleyStats.persona === 'storyteller'")
     page.wait_for_function("[...document.querySelectorAll('.msg.assistant')].some(m => m.textContent.includes('Hello there, traveller.'))")

@@ -38,6 +38,9 @@ PERSONAS = [
 VOICES = [{"name": "joe", "description": "Piper joe"}, {"name": "kal", "description": "flite kal"}]
 BUDGETS = {"endpointing": 600, "asr": 300, "llm_ttft": 250, "phrase": 600, "tts": 400, "send": 50, "voice_to_voice": 1800}
 CANNED_STAGES = {"endpointing": 410, "asr": 120, "llm_ttft": 90, "phrase": 310, "tts": 520, "send": 3, "voice_to_voice": 1453}
+# a voice turn that ended at the longest hold with its end-of-turn check still out (docs/protocol.md, Turn trace)
+CANNED_TURN = {"end": "max_hangover", "checks": [{"silence_ms": 1000.0, "audio_prob": None, "text_prob": None, "complete_prob": None,
+                                                  "wait_ms": None, "cost_ms": 864.0, "decision": "unanswered"}]}  # fmt: skip
 
 
 @dataclass
@@ -100,7 +103,8 @@ class _Session:
             over = [k for k, v in CANNED_STAGES.items() if v > BUDGETS[k]]
             if heard is not None:
                 await self.send({"type": "turn.trace", "turn_id": turn_id, "input": heard, "marks_ms": {},
-                                 "stages_ms": CANNED_STAGES, "budgets_ms": BUDGETS, "over_budget": over})  # fmt: skip
+                                 "stages_ms": CANNED_STAGES, "budgets_ms": BUDGETS, "over_budget": over,
+                                 **({"turn": CANNED_TURN} if heard == "voice" else {})})  # fmt: skip
         except asyncio.CancelledError:
             await self.send({"type": "response.audio.clear", "turn_id": turn_id})
             await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": True,

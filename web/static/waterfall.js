@@ -38,7 +38,24 @@ export function stageBar(stage, valueMs, budgetMs, over) {
       over ? el("strong", { class: "flag" }, " over") : null));
 }
 
-// trace: {turn_id, stages_ms, budgets_ms, over_budget}; client: {micToEarMs, typed, text}
+const ENDS = {
+  complete: "a check heard a finished turn", max_hangover: "the longest pause a turn holds ran out",
+  silence: "the fixed pause ran out", max_length: "the turn reached its longest length",
+};
+
+// How a voice turn ended, from the trace's `turn` (docs/protocol.md): the reason and what its last check said.
+export function turnEnd(turn) {
+  if (!turn?.end) return null;
+  const parts = [`ended: ${ENDS[turn.end] || turn.end}`];
+  const last = (turn.checks || []).at(-1);
+  if (last?.decision === "unanswered") parts.push(`its check was still out after ${fmt(last.cost_ms)}`);
+  else if (last && typeof last.complete_prob === "number") {
+    parts.push(`P(finished) ${last.complete_prob.toFixed(2)} after ${fmt(last.silence_ms)} of silence (check ${fmt(last.cost_ms)})`);
+  }
+  return parts.join("; ");
+}
+
+// trace: {turn_id, stages_ms, budgets_ms, over_budget, turn?}; client: {micToEarMs, typed, text}
 export function traceRow(trace, client = {}) {
   const stages = trace.stages_ms || {};
   const budgets = trace.budgets_ms || {};
@@ -52,7 +69,9 @@ export function traceRow(trace, client = {}) {
   const title = el("div", { class: "turn-title" }, el("span", {}, `Turn ${trace.turn_id}`),
     client.text ? el("span", { class: "said" }, `“${client.text}”`) : null,
     over.size ? el("span", { class: "badge" }, `${over.size} over budget`) : null);
-  return el("li", { class: "trace", "data-turn": String(trace.turn_id) }, title, headline, el("div", { class: "stages" }, ...bars));
+  const ended = turnEnd(trace.turn);
+  return el("li", { class: "trace", "data-turn": String(trace.turn_id) }, title, headline, el("div", { class: "stages" }, ...bars),
+    ended ? el("div", { class: "turn-end", "data-field": "turn_end" }, ended) : null);
 }
 
 // Running p50/p95 over every finished turn.
