@@ -98,6 +98,8 @@ def test_spoken_question_is_transcribed_answered_heard_and_traced(server, launch
     v2v, endpointing = stage_ms(page, turn_id, "voice_to_voice"), stage_ms(page, turn_id, "endpointing")
     assert ear > 0 and v2v is not None and v2v > 0 and endpointing is not None
     measured["mic_to_ear_ms"], measured["endpointing_ms"] = ear, endpointing
+    ended = page.locator(f"#traces li.trace[data-turn='{turn_id}'] [data-field=turn_end]").inner_text()
+    assert ended.startswith("ended: "), ended  # the server's turn field, as the page words it
     print(f"\nturn {turn_id}: server voice_to_voice {v2v:.0f} ms, client mic-to-ear {ear:.0f} ms, heard {heard!r}")
     shot = artifacts / "parley-turn.png"
     bottom = page.evaluate("Math.ceil(document.querySelector('main').getBoundingClientRect().bottom)")
