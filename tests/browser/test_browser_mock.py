@@ -102,6 +102,10 @@ def test_spoken_turn_shows_transcript_reply_audio_and_waterfall(launch, mock, qu
     assert "p50 1453 ms p95 1453 ms" in page.inner_text("#latency")
     ended = row.locator("[data-field=turn_end]").inner_text()  # how the turn ended, from the trace's turn field
     assert ended == "ended: the longest pause a turn holds ran out; its check was still out after 864 ms", ended
+    decided = page.evaluate("""async () => (await import("./waterfall.js")).turnEnd({end: "complete", checks: [
+        {silence_ms: 250.4, complete_prob: 0.13, decision: "wait", cost_ms: 70},
+        {silence_ms: 612.0, complete_prob: 0.987, decision: "end", cost_ms: 64.8}]})""")
+    assert decided == "ended: a check heard a finished turn; P(finished) 0.99 after 612 ms of silence (check 65 ms)", decided
 
 
 def test_typed_turn_then_persona_switch_changes_voice_and_greets(launch, mock, silent_wav) -> None:

@@ -6,8 +6,8 @@ restart the next turn is answered."""
 from __future__ import annotations
 
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
