@@ -116,6 +116,8 @@ class Engine:
         self._lock = threading.Lock()
         self._releasing: set[str] = set()
         self.load_s = 0.0
+        self._step_threads: Callable[[], int] | None = None
+        self._team = 0  # the thread count the engine thread last set (0: never set: torch's default)
 
     @classmethod
     def from_path(
@@ -169,6 +171,16 @@ class Engine:
         self._inbox.put("stop")
         self._thread.join()
         self._thread = None
+
+    def share_cores(self, threads: Callable[[], int] | None) -> None:
+        """threads() -> how many threads the next step may use, asked before each step on the engine thread (CPU
+        only): e.g. fewer while other stages' jobs run on the same cores, whose threads would otherwise take turns
+        with the team's at every barrier of the step. None: torch's count throughout."""
+        self._step_threads = threads
+
+    def step_threads(self) -> int | None:
+        """The thread count the next step would take now (None: cores are not shared; torch's count)."""
+        return None if self._step_threads is None else max(1, int(self._step_threads()))
 
     def submit(self, req: GenerateRequest, on_event: EventCallback | None = None) -> EngineStream:
         job_id = next(self._ids)
@@ -232,6 +244,7 @@ class Engine:
         if plan.prefill is None and not plan.decode:
             return None
         self.steps += 1
+        self._size_team()
         if plan.prefill is not None:
             self._prefill(self._jobs[plan.prefill], plan.prefill_tokens)
         # A callback of this step may have cancelled or ended someone: they sit this forward out.
@@ -295,6 +308,14 @@ class Engine:
         state.tokens, state.borrowed = list(prompt[:n]), n
         self.prefix_hits += 1
         self.prefix_tokens += n
+
+    def _size_team(self) -> None:
+        if self.device.type != "cpu":
+            return
+        n = self.step_threads()
+        if n is not None and n != self._team:  # the calling thread's own count; the compiled step reads it per call
+            torch.set_num_threads(n)
+            self._team = n
 
     def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None

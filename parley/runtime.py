@@ -211,8 +211,12 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
         turn_model = SmartTurn(resolve("turn", cfg.models.turn.source, allow_downloads=allow))
         times["turn"] = time.perf_counter() - t0
 
+    runner = stage_runner(cfg, budget)
+    stats = getattr(runner, "stats", None)
+    if engine is not None and stats is not None:  # the shared scheduler counts its running jobs
+        engine.share_cores(lambda: budget.engine_team(stats.running))
     loaded = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model,
-                    runner=stage_runner(cfg, budget))  # fmt: skip
+                    runner=runner)  # fmt: skip
     log.info("threads on %d cores: engine %d, %d stage workers (%s), recognition %d and speech %d a job",
              budget.cores, budget.engine, budget.stage_workers, cfg.server.scheduling, budget.asr, budget.tts)
     times = {k: v for k, v in times.items() if k in stages or k in ("vad", "turn")}  # what was loaded

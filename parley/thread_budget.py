@@ -2,7 +2,8 @@
 each library assuming the whole machine (CTranslate2 and onnxruntime default to every core, and so does the
 engine's OpenMP pool).
 
-- engine: every core. Decode is one request stream at a time per step; it is what a user waits on most.
+- engine: every core the running stage jobs leave (engine_team, asked before each step: a team thread that
+  shares a core with a stage job's holds up the step at every barrier). It is what a user waits on most.
 - stage_workers: how many recognitions, syntheses and turn checks run at once (voice.scheduler): one more than
   the cores, at least three, so that while a partial and a later phrase run, a final transcript, a turn check or
   a first phrase still finds a worker (voice.stage_queue keeps one for them).
@@ -44,3 +45,14 @@ class ThreadBudget:
         per_job = min(JOB_THREADS, cores)
         workers = stage_workers or max(3, cores // per_job + 1)
         return cls(cores=cores, engine=cores, stage_workers=workers, asr=per_job, tts=per_job)
+
+    def engine_team(self, stage_jobs: int) -> int:
+        """The engine's threads for its next step while `stage_jobs` recognitions, syntheses or turn checks run:
+        the cores their threads leave, at least one. Each step of the engine's team meets a barrier per layer
+        product; with more threads than cores a descheduled team thread holds up the rest at every one of them.
+        (`bench.contention`, two cores, three replies decoding: beside one Whisper final a step took 16-27 ms with
+        a team of two and 22-24 ms with a team of one, against 8 alone, and 9-10 finals a second ran beside the
+        team of two against 14-15 beside the team of one; eight sessions of bench/load.py: v2v p95 1.3 s against
+        1.7 s over 192 turns each.)
+        """
+        return max(1, self.engine - self.asr * max(0, stage_jobs))

@@ -1,6 +1,7 @@
 """The threaded Engine on the embedded SmolLM2: cache reuse across turns, cancel, concurrency, slots, errors."""
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -365,3 +366,28 @@ def test_fitting_a_long_history_renders_it_a_logarithmic_number_of_times(small_e
     assert len(ids) <= 300 and kept[0] == SYSTEM and kept[1].role == "user" and kept[-1] == history[-1]
     one_more = [SYSTEM, *history[len(history) - len(kept) - 1 :]]  # the turn before the cut, with its reply
     assert len(tok.apply_chat_template(one_more)) > 300
+
+
+def test_each_step_runs_with_as_many_threads_as_share_cores_answers(smol_engine, monkeypatch):
+    """share_cores: asked before every step, on the engine thread; the step's team (torch's count there, which the
+    compiled step reads per call) follows the answers, at least one: fewer while other stages' jobs share the cores."""
+    engine = Engine(smol_engine.model, smol_engine.tokenizer, max_slots=2, max_seq_len=256)
+    answers, asked, seen = itertools.cycle([1, 2, 0, 3]), [], []
+
+    def threads() -> int:
+        n = next(answers)
+        asked.append(max(1, n))
+        return n
+
+    engine.share_cores(threads)
+    decode = engine.stepper.decode
+    monkeypatch.setattr(engine.stepper, "decode", lambda rows: seen.append(torch.get_num_threads()) or decode(rows))
+    engine.start()
+    try:
+        _, text, fin = ask(engine, "team", [SYSTEM, ChatMessage("user", "Count from one to ten.")], max_new=8)
+    finally:
+        engine.stop()
+    assert isinstance(fin, FinishEvent) and fin.reason == "length" and text.strip()
+    # step 1 runs the prompt (eager) and samples the first token; steps 2..8 each decode one through the stepper
+    assert len(seen) == 7 and seen == asked[1:8], (asked, seen)
+    assert set(seen) == {1, 2, 3}

@@ -1,15 +1,19 @@
 """The shared-stage scheduler over a real socket: while three sessions talk on and on (a partial transcript due
 every 500 ms of each), a fourth asks a short question; its final transcript does not queue behind their partials.
-Asserted on the turn trace's queue-wait field against the partials' own waits in the same run."""
+Asserted on the turn trace's queue-wait field against the partials' own waits in the same run. And the engine's
+steps leave the cores of a running stage job to it."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from bench import corpus
 from voice.scheduler import StageScheduler
+from voice.stage_queue import Priority
 from web.metrics import scheduler_exposition
 from ws_client import Client
 
@@ -58,3 +62,26 @@ async def test_a_final_is_not_delayed_by_other_sessions_partials(live_server) ->
     assert partials >= 6
     assert final_wait_ms < partial_wait_ms, (final_wait_ms, partial_wait_ms)
     assert "parley_stage_queue_wait_ms_count{stage=\"asr\",priority=\"partial\"}" in scheduler_exposition(stats)
+
+
+async def test_the_engine_steps_with_the_cores_a_running_stage_job_leaves(live_server) -> None:
+    runtime = live_server.runtime
+    engine, scheduler, budget = runtime.engine, runtime.stages.runner, runtime.threads
+    assert budget is not None and engine.step_threads() == budget.engine_team(0)
+    started, release = threading.Event(), threading.Event()
+
+    def job() -> None:
+        started.set()
+        release.wait(30)
+
+    task = asyncio.ensure_future(scheduler.run("tts", Priority.WAITED, "team-probe", job))
+    try:
+        assert await asyncio.to_thread(started.wait, 30)
+        assert engine.step_threads() == budget.engine_team(1)
+    finally:
+        release.set()
+        await task
+    deadline = time.monotonic() + 10  # the worker counts the job done just after its caller has the result
+    while engine.step_threads() != budget.engine_team(0) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert engine.step_threads() == budget.engine_team(0)
