@@ -42,7 +42,9 @@ class Prompt:
 
 @dataclass(frozen=True)
 class TurnResult:
-    """One user turn as the client saw it. `client_v2v_ms`: last voiced sample sent -> first reply audio received."""
+    """One user turn as the client saw it. `client_v2v_ms`: last voiced sample sent -> first reply audio received.
+    `reply_gap_ms`: the longest silence inside the reply when its audio plays as it arrives (audio that came
+    after what was already received had played out: the speech stalled)."""
 
     session: int
     index: int
@@ -54,6 +56,7 @@ class TurnResult:
     client_v2v_ms: float | None
     trace: dict[str, Any] | None
     error: str | None = None
+    reply_gap_ms: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -70,6 +73,7 @@ class _Turn:
     final: str | None = None
     reply: str = ""
     first_audio_s: float | None = None
+    longest_gap_s: float = 0.0  # the longest wait for more reply audio after what had come played out
     trace: dict[str, Any] | None = None
     done: bool = False
 
@@ -149,7 +153,7 @@ class ScriptedSession:
             except (TimeoutError, ConnectionLost) as exc:
                 error = f"reply did not finish: {exc!r}"
         return TurnResult(self.session, index, prompt.text, prompt.voice, turn_id, turn.final or "", turn.reply,
-                          v2v, turn.trace, error)
+                          v2v, turn.trace, error, round(1000.0 * turn.longest_gap_s, 1))
 
     def _trace_after(self, floor: int) -> int | None:
         return next((t for t in self._traces if t > floor), None)
@@ -218,6 +222,8 @@ class ScriptedSession:
             turn.first_audio_s = now
             # playback starts at once (no jitter buffer): tell the server, as the browser does
             await self._conn.send_json(PlaybackMark(type="playback.mark", turn_id=turn_id, played_ms=0.0))
+        else:
+            turn.longest_gap_s = max(turn.longest_gap_s, now - self._play_until_s)
         self._play_until_s = max(self._play_until_s, now) + len(pcm) / 2 / self.info.output_sample_rate
 
     def _on_message(self, msg: dict[str, Any]) -> None:

@@ -149,6 +149,15 @@ def queue_waits(turns: list[TurnResult]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+GAP_MS = 100.0  # a stall in a reply's speech that a listener hears as a break
+
+
+def reply_gaps(turns: list[TurnResult]) -> dict[str, float | int]:
+    """Replies whose speech stalled (audio arriving after what had come played out) for GAP_MS or more."""
+    gaps = [t.reply_gap_ms for t in turns if t.error is None]
+    return {"stalled": sum(g >= GAP_MS for g in gaps), "max_ms": max(gaps, default=0.0)}
+
+
 def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str, Any], budgets: dict[str, float],
               wall_s: float, refused: int = 0, partials: tuple[int, int] | None = None) -> dict[str, Any]:
     summary = _stats.summarize(turns, budgets)
@@ -160,7 +169,7 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "holds": not errors and _stats.holds_budget(v2v),
             "holds_all": not errors and all(_stats.holds_budget(summary[s]) for s in budgets if summary.get(s, {}).get("n")),
             "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), "refused": refused,
-            "queue_ms": queue_waits(turns), "partials_run": partials[0] if partials else None,
+            "queue_ms": queue_waits(turns), "reply_gaps": reply_gaps(turns), "partials_run": partials[0] if partials else None,
             "partials_skipped": partials[1] if partials else None, **res}
 
 
@@ -326,14 +335,16 @@ def print_side_by_side(one: list[dict[str, Any]], split: list[dict[str, Any]], m
 
 def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool) -> None:
     header = ("sessions", "turns", "v2v med", "v2v p95", "client med", "client p95", "over", "errors", "cpu %",
-              "rss MiB", "partials run/dropped", "slowest stage", "holds")
+              "rss MiB", "partials run/dropped", "stalled replies (longest ms)", "slowest stage", "holds")
     f = _stats.fmt_ms
     table = [[r["sessions"], r["turns"], f(r["v2v_median"]), f(r["v2v_p95"]), f(r["client_v2v_median"]),
               f(r["client_v2v_p95"]), r["turns_over_budget"], r["errors"], f(r["cpu_pct_mean"]), f(r["rss_mb_max"]),
               "-" if r.get("partials_run") is None else f"{r['partials_run']}/{r['partials_skipped']}",
+              f"{r['reply_gaps']['stalled']} ({f(r['reply_gaps']['max_ms'])})",
               r["slowest_stage"] or "-", "yes" if r["holds"] else "no"] for r in rows]
     print(f"\nConcurrent sessions (ms; voice_to_voice budget {f(budgets.get('voice_to_voice'))} ms; "
-          "'over': turns with any stage over budget; cpu: server, 100 = one core)")
+          f"'over': turns with any stage over budget; cpu: server, 100 = one core; stalled: replies whose speech "
+          f"stopped {GAP_MS:.0f} ms or more for audio not yet sent)")
     print((_stats.markdown if md else _stats.table)(header, table))
     held = [r["sessions"] for r in rows if r["holds"]]
     held_all = [r["sessions"] for r in rows if r["holds_all"]]

@@ -32,6 +32,20 @@ async def test_two_turns_in_one_conversation() -> None:
     assert state.audio_bytes % (FRAME_SAMPLES * 2) == 0  # whole 20 ms frames only
     assert state.audio_bytes >= 2 * len(loud_prompt("x").audio) * 2
     assert session.errors == []
+    assert all(r.reply_gap_ms < 700 for r in results)  # a reply sent at twice real time never stalls that long
+
+
+async def test_a_reply_whose_speech_stalls_reports_the_silence_heard() -> None:
+    """Three 100 ms chunks, then 1 s without audio: the client has played them out ~0.85 s before the fourth."""
+    state = MockState(reply_s=1.0, stall_after=3, stall_s=1.0)
+    server = await start_mock(state)
+    try:
+        results = await ScriptedSession(f"127.0.0.1:{port_of(server)}", gap_ms=100).run([loud_prompt("stall")])
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert results[0].error is None and results[0].reply.endswith(REPLY_TEXT)
+    assert results[0].reply_gap_ms >= 700, results[0].reply_gap_ms
 
 
 async def test_a_turn_the_server_never_answers_is_an_error_and_ends_the_conversation() -> None:

@@ -55,7 +55,9 @@ def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert result["max_sessions_within_budget"] == (2 if level["holds"] else 0)
     assert level["refused"] == 0 and level["queue_ms"]["asr"]["n"] == 2  # each turn's final says how long it queued
     assert level["partials_run"] + level["partials_skipped"] > 0  # from /metrics: the speakers' partials, counted
-    assert "Concurrent sessions" in proc.stdout and "partials run/dropped" in proc.stdout
+    gaps = level["reply_gaps"]  # how long the replies' speech stalled, as the client played it
+    assert 0 <= gaps["stalled"] <= 2 and gaps["max_ms"] >= 0
+    assert "Concurrent sessions" in proc.stdout and "partials run/dropped" in proc.stdout and "stalled replies" in proc.stdout
 
 
 def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:

@@ -48,6 +48,8 @@ class MockState:
     """Options (set before or while serving; the JSON a process is started with) and what the mock saw."""
 
     reply_s: float = 1.5  # seconds of tone per reply
+    stall_after: int | None = None  # a reply's 100 ms chunks sent before its speech stalls (None: never)
+    stall_s: float = 0.0  # for how long
     voiced_rms: float = 0.01  # the energy detector's threshold
     greeting: str | None = None  # spoken at session start, as the real server does
     max_sessions: int = 4
@@ -99,6 +101,8 @@ class _Session:
                 await self.ws.send_bytes(pack_audio(turn_id, seq, pcm[start : start + chunk]))
                 sent += 1
                 await asyncio.sleep(0.05)  # twice real time, like a TTS that keeps ahead
+                if sent == self.state.stall_after:
+                    await asyncio.sleep(self.state.stall_s)  # a TTS that fell behind
             await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": False, "spoken_text": text})
             over = [k for k, v in CANNED_STAGES.items() if v > BUDGETS[k]]
             if heard is not None:
