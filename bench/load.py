@@ -343,7 +343,7 @@ def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool
               f"{r['reply_gaps']['stalled']} ({f(r['reply_gaps']['max_ms'])})",
               r["slowest_stage"] or "-", "yes" if r["holds"] else "no"] for r in rows]
     print(f"\nConcurrent sessions (ms; voice_to_voice budget {f(budgets.get('voice_to_voice'))} ms; "
-          f"'over': turns with any stage over budget; cpu: server, 100 = one core; stalled: replies whose speech "
+          "'over': turns with any stage over budget; cpu: server, 100 = one core; stalled: replies whose speech "
           f"stopped {GAP_MS:.0f} ms or more for audio not yet sent)")
     print((_stats.markdown if md else _stats.table)(header, table))
     held = [r["sessions"] for r in rows if r["holds"]]
