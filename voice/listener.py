@@ -18,6 +18,7 @@ import numpy as np
 
 from voice.asr import StreamingTranscriber, Transcriber
 from voice.audio import SAMPLE_RATE, Framer
+from voice.interjection import Heard
 from voice.llm_bridge import LlmBridge, LlmFinish
 from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
@@ -64,6 +65,7 @@ class Utterance:
     prefill_result: LlmFinish | None = None
     discarded_ahead: int = 0
     queue_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms its jobs for this turn waited for a worker
+    own_from: int = 0  # where this turn's own audio starts: before it, the request it may continue
 
     def feed(self, samples: np.ndarray) -> None:
         if self.paused:
@@ -217,10 +219,11 @@ class Listener:
         stt = StreamingTranscriber(self.transcriber, self.partial_interval_ms, runner=self.runner, key=self.session_id)
         if continues is not None:
             stt.append(continues.stt.audio())
+        own_from = len(stt.audio())
         for samples in self._preroll:
             stt.append(samples)
         self._preroll.clear()
-        self.utt = Utterance(turn_id, trace, start_ms, stt)
+        self.utt = Utterance(turn_id, trace, start_ms, stt, own_from=own_from)
         return self.utt
 
     def feed(self, samples: np.ndarray) -> bool:
@@ -282,6 +285,15 @@ class Listener:
             if audio_task is not None and not audio_task.done():
                 audio_task.cancel()
         return audio_prob, text_prob, 1000.0 * (time.perf_counter() - t0)
+
+    async def interjection(self, utt: Utterance) -> Heard:
+        """A quick recognition of the turn's own audio so far (not the request it may continue): what speech over a
+        reply is saying, while the reply holds. At the priority of an end-of-turn check: someone waits on it."""
+        audio = utt.audio()[utt.own_from :]
+        ran = await self.runner.run("asr", Priority.WAITED, self.session_id, self.transcriber.transcribe, audio)
+        utt.queue_ms["interjection"] = round(utt.queue_ms.get("interjection", 0.0) + ran.wait_ms, 3)
+        t = ran.value
+        return Heard(t.text, t.avg_logprob, t.audio_ms)
 
     async def final(self, utt: Utterance) -> str:
         """The final transcript: from the work ahead when it ran, else decoded now."""

@@ -13,10 +13,12 @@ from contextlib import aclosing, suppress
 from typing import TYPE_CHECKING
 
 from voice.history import reply_content
+from voice.interjection import words
 from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.trace import TurnTrace
+from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 # the trace carries playback_start even when the whole reply was sent before the client began playing.
 TRACE_HOLD_S = 1.0
 PLAYED_SLACK_MS = 1000.0  # a playback mark may run this far past the audio sent (rounding, pieces in flight)
+RECENT_WORDS = 60  # the replies' last words an interjection is compared with (about 20 s of speech)
 
 
 class LlmFailed(RuntimeError):
@@ -42,6 +45,7 @@ class Replies:
         self.held: dict[int, TurnTrace] = {}  # finished turns' traces waiting for their first playback mark
         self.warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
         self._start_lock = asyncio.Lock()
+        self._last_text = ""  # the reply before the current one (its echo can still be in the air)
 
     def running(self, turn_id: int) -> Reply | None:
         """The reply of `turn_id` while its task still runs (ending, perhaps), else None."""
@@ -78,6 +82,19 @@ class Replies:
         if reply.trace is not None:
             reply.trace.mark("interrupted")
         task.cancel()
+
+    def release(self, a: ReleaseHold) -> None:
+        """Speech held the reply and was no interruption: the client resumes playback where it paused."""
+        self.s.outbox.send("response.resumed", turn_id=a.reply_turn, interjection=a.turn_id, t_ms=round(a.t_ms, 1),
+                           reason=a.reason)  # fmt: skip
+        reply = self.current
+        if reply is not None and reply.turn_id == a.reply_turn and reply.trace is not None:
+            reply.trace.info.setdefault("held", []).append({"by": a.turn_id, "reason": a.reason})
+
+    def recent_words(self) -> list[str]:
+        """The last words the replies said (the one running, and the one before): their echo is no interruption."""
+        texts = [self._last_text, self.current.text if self.current is not None else ""]
+        return words(" ".join(texts))[-RECENT_WORDS:]
 
     def stop_current(self) -> None:
         if self.current is not None:
@@ -138,6 +155,8 @@ class Replies:
     ) -> None:
         tg = self.s.task_group
         assert tg is not None, "session is not running"
+        if self.current is not None:
+            self._last_text = self.current.text
         self.current = reply
         self.task = tg.create_task(self._respond(reply, deltas, trace, hold))
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from voice.history import History
+from voice.interjection import Heard
 from voice.listener import Listener, Overloaded, Utterance
 from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
@@ -31,7 +32,10 @@ from voice.turntaking import (
     DropTurn,
     EndTurn,
     Interrupt,
+    Join,
     OpenTurn,
+    Recognise,
+    Release,
     StartAhead,
     TurnTaking,
 )
@@ -284,6 +288,12 @@ class Session:
                     utt.resume()
             elif isinstance(a, CheckTurn):
                 self.spawn(self._check_turn, a)
+            elif isinstance(a, Recognise):
+                self.spawn(self._recognise, a)
+            elif isinstance(a, Join):
+                self._join(a)
+            elif isinstance(a, Release):
+                self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)
             elif isinstance(a, DropTurn):
@@ -303,19 +313,37 @@ class Session:
     def _open_turn(self, a: OpenTurn) -> None:
         trace = self.new_trace(a.turn_id, "voice")
         trace.mark("speech_start", self.listener.arrival_ns(a.start_ms))
-        continues = None
-        if a.joins is not None:
-            trace.info["joins"] = a.joins
-            ended = self._ended
-            if ended is not None and ended.turn_id == a.joins:
-                continues = ended
-                ended.trace.info["joined_into"] = a.turn_id
-                if self._finishing is not None and not self._finishing.done():
-                    self._finishing.cancel()  # its reply never starts: the trace goes to the log as it is
-                    self.replies.send_trace(ended.trace)
+        ended = self._ended if a.joins is not None and self._ended is not None and self._ended.turn_id == a.joins else None
+        self.listener.open(a.turn_id, trace, a.start_ms, ended)  # with the request it may continue, from its start
+        extra = {"holds": a.holds} if a.holds is not None else {}
+        self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), interjection=a.during_reply, **extra)
+
+    def _join(self, a: Join) -> None:
+        """The speech continues the request of turn `a.joins`: that turn's reply never starts (or was stopped)."""
+        utt = self._hearing(a.turn_id)
+        if utt is not None:
+            utt.trace.info["joins"] = a.joins
+        ended = self._ended
+        if ended is not None and ended.turn_id == a.joins:
+            ended.trace.info["joined_into"] = a.turn_id
+            if self._finishing is not None and not self._finishing.done():
+                self._finishing.cancel()  # its reply never starts: the trace goes to the log as it is
+                self.replies.send_trace(ended.trace)
             self._ended = None
-        self.listener.open(a.turn_id, trace, a.start_ms, continues)
-        self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), **({"joins": a.joins} if a.joins else {}))
+        self.outbox.send("turn.joined", turn_id=a.turn_id, joins=a.joins)
+
+    async def _recognise(self, a: Recognise) -> None:
+        """The words of an interjection so far, for turn-taking to judge (voice.interjection)."""
+        utt = self._hearing(a.turn_id)
+        if utt is None:
+            return
+        try:
+            heard = await self.listener.interjection(utt)
+        except (OSError, RuntimeError, ValueError) as exc:  # no words known: it cannot interrupt; the pause decides
+            log.warning("session %s: interjection recognition failed: %r", self.session_id, exc)
+            heard = Heard("", 0.0, 0.0)
+        utt.trace.info.setdefault("interjection", []).append({"n": a.n, "text": heard.text, "ms": round(heard.audio_ms, 1)})
+        self.apply(self.turns.interjection_heard(a.turn_id, a.n, heard, self.replies.recent_words()))
 
     def _start_ahead(self, turn_id: int) -> None:
         utt = self._hearing(turn_id)

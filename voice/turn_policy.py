@@ -5,9 +5,12 @@ The rules and their measurements: docs/turn-taking.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from voice.interjection import Lexicon
 
 DETECTIONS = ("fixed", "smart_turn", "text", "combined")
+INTERRUPTS_BY = ("words", "duration")
 
 # The engine's text signal is P(the user's text could end right after its last word). On the pause corpus a half
 # sentence scores ~0.01 and a whole request ~0.45 (medians): this value counts as even odds of a finished turn.
@@ -30,7 +33,14 @@ class TurnPolicy:
     sure_prob: float = 0.8
     unsure_prob: float = 0.3
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
-    barge_in_min_speech_ms: float = 200.0  # shorter speech under a reply (a cough, "uh-huh") is no turn
+    # Speech under a reply (or right after an endpoint) holds the reply, and what it said decides: "words" stops the
+    # reply only for a real interruption (voice.interjection); "duration" for any speech of barge_in_min_speech_ms.
+    interrupt_by: str = "words"
+    barge_in_min_speech_ms: float = 200.0  # duration: shorter speech under a reply (a cough, "uh-huh") is no turn
+    interject_step_ms: float = 100.0  # words: new audio of a growing interjection between two recognitions
+    interject_release_ms: float = 500.0  # words: speech this long with no words or only the reply's own resumes it
+    interject_max_hold_ms: float = 1500.0  # words: the longest a reply is held for speech that has not interrupted
+    lexicon: Lexicon = field(default_factory=Lexicon.of)  # words: backchannels and stop words
     rejoin_window_ms: float = 1000.0  # speech starting this soon after an endpoint continues that request; 0: off
     max_turn_ms: float = 30000.0  # a turn this long ends (a bound on one utterance's audio and transcript)
 
@@ -39,6 +49,8 @@ class TurnPolicy:
             raise ValueError(f"turn detection must be one of {DETECTIONS}, got {self.detection!r}")
         if not 0.0 < self.unsure_prob <= self.sure_prob < 1.0:
             raise ValueError(f"need 0 < unsure_prob <= sure_prob < 1, got {self.unsure_prob}, {self.sure_prob}")
+        if self.interrupt_by not in INTERRUPTS_BY:
+            raise ValueError(f"interrupt_by must be one of {INTERRUPTS_BY}, got {self.interrupt_by!r}")
         if not self.ahead_silence_ms <= self.turn_check_ms <= self.max_hangover_ms:
             raise ValueError("need ahead_silence_ms <= turn_check_ms <= max_hangover_ms")
 

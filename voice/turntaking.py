@@ -1,16 +1,18 @@
 """Turn-taking: every decision about who holds the floor, in one pure state machine.
 
-Events in: VAD frames (a speech probability at an audio time), end-of-turn check results, the final transcript of
-an ended turn, typed turns, greetings and cancels, the end of a reply, playback marks. Actions out: open a turn,
-start or drop the work ahead of the endpoint, run a check, end or drop a turn, interrupt a reply, reply, correct
-the history. No asyncio, no clock of its own (audio time comes with the frames), no models, no I/O: voice.session
+Events in: VAD frames (a speech probability at an audio time), end-of-turn check results, what speech over a reply
+said, the final transcript of an ended turn, typed turns, greetings and cancels, the end of a reply, playback
+marks. Actions out: open a turn, start or drop the work ahead of the endpoint, run a check, recognise an
+interjection, end or drop a turn, join a request, interrupt or resume a reply, reply, correct the history. No asyncio, no clock of its own (audio time comes with the frames), no models, no I/O: voice.session
 runs what it asks for. The decision rules and their measurements: docs/turn-taking.md.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
+from voice.interjection import Heard, Kind, Verdict, classify
 from voice.turn_policy import TurnCheck, TurnPolicy
 
 
@@ -21,8 +23,35 @@ from voice.turn_policy import TurnCheck, TurnPolicy
 class OpenTurn:
     turn_id: int
     start_ms: float  # audio time of the first voiced sample
-    during_reply: bool  # began under a reply: a turn only if it barges in, else dropped
-    joins: int | None = None  # the ended turn whose request this speech continues (its reply is interrupted)
+    during_reply: bool  # an interjection (under a reply, or right after an endpoint): a turn only if it interrupts
+    joins: int | None = None  # the ended turn whose request this speech may continue (confirmed by Join)
+    holds: int | None = None  # the reply whose playback pauses now, until a Release or an Interrupt
+
+
+@dataclass(frozen=True)
+class Recognise:
+    """Speech that may interrupt: recognise its words so far; answer with interjection_heard(turn_id, n, ...)."""
+
+    turn_id: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Join:
+    """The speech after an endpoint continues that request: its audio and transcript now hold the whole of it."""
+
+    turn_id: int
+    joins: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """The speech that held a reply was no interruption: playback resumes where it paused."""
+
+    reply_turn: int
+    turn_id: int  # the interjection
+    t_ms: float  # audio time of the decision
+    reason: str  # none | backchannel | echo | unsure (held as long as it may be)
 
 
 @dataclass(frozen=True)
@@ -85,7 +114,7 @@ class Correct:
     played_ms: float
 
 
-Action = OpenTurn | StartAhead | DropAhead | CheckTurn | EndTurn | DropTurn | Interrupt | Reply | Correct
+Action = OpenTurn | StartAhead | DropAhead | CheckTurn | Recognise | EndTurn | DropTurn | Join | Interrupt | Release | Reply | Correct
 
 
 # -- the machine ---------------------------------------------------------------------------------------------
@@ -108,6 +137,14 @@ class _Heard:
     asked_ms: float = 0.0  # audio time the last check was asked
     end_after_ms: float | None = None  # the silence after which this pause ends the turn (set by a check)
     checks: list[TurnCheck] = field(default_factory=list)
+    # an interjection decided by its words (interrupt_by "words")
+    may_join: tuple[int, float] | None = None  # (turn, endpoint ms) it would continue, until its words decide
+    holds: int | None = None  # the reply held for it, until released or interrupted
+    asked_n: int = 0  # recognitions asked; one runs at a time
+    answered_n: int = 0
+    asked_audio_ms: float = 0.0  # audio time of the last ask
+    final_n: int | None = None  # the recognition asked in this pause: its verdict is on the whole interjection
+    verdicts: list[Verdict] = field(default_factory=list)
 
     @property
     def is_turn(self) -> bool:
@@ -208,19 +245,28 @@ class TurnTaking:
         return self._end(h, "complete") if ends else []
 
     def _open(self, start_ms: float) -> list[Action]:
+        p, last = self.policy, self._last_end
+        self._last_end = None
+        if not (last is not None and p.rejoin_window_ms > 0 and start_ms - last[1] <= p.rejoin_window_ms):
+            last = None
+        turn_id = self._new_turn()
+        if p.interrupt_by == "words" and (last is not None or self._reply is not None):
+            # an interjection: the reply (if one runs) pauses now, and the words decide whether it stops
+            h = _Heard(turn_id, start_ms, True, None, may_join=last, holds=self._reply)
+            self._heard = h
+            opened = OpenTurn(turn_id, start_ms, True, last[0] if last is not None else None, self._reply)
+            return [opened, *self._ask(h)]
         out: list[Action] = []
         joins = None
-        last = self._last_end
-        if last is not None and self.policy.rejoin_window_ms > 0 and start_ms - last[1] <= self.policy.rejoin_window_ms:
-            joins = last[0]  # the user was not done: the early endpoint is taken back
+        if last is not None:  # duration: the continuation joins at once
+            joins = last[0]
             if self._reply == joins:
                 out.append(Interrupt(joins, self._now_ms, "rejoin"))
             self._answering = None
-        self._last_end = None
-        turn_id = self._new_turn()
         during = self._reply is not None and joins is None
         self._heard = _Heard(turn_id, start_ms, during, joins)
-        return [*out, OpenTurn(turn_id, start_ms, during, joins)]
+        out.append(OpenTurn(turn_id, start_ms, during, joins))
+        return out + ([Join(turn_id, joins)] if joins is not None else [])
 
     def _pause(self, t_ms: float) -> list[Action]:
         h = self._heard
@@ -233,6 +279,7 @@ class TurnTaking:
         if h is None:
             return []
         h.pause_ms, h.asked, h.end_after_ms = None, False, None
+        h.final_n = None  # a recognition asked in the pause no longer covers the whole interjection
         if h.ahead:
             h.ahead = False
             return [DropAhead(h.turn_id)]
@@ -254,6 +301,8 @@ class TurnTaking:
             return []
         if self._now_ms - h.start_ms >= p.max_turn_ms:
             return self._end(h, "max_length") if h.is_turn else self._drop(h)
+        if not h.is_turn and p.interrupt_by == "words":
+            return self._interject_tick(h)
         if h.pause_ms is None:
             if not h.is_turn and self._now_ms - h.start_ms >= p.barge_in_min_speech_ms:
                 h.barged = True  # long enough to be meant: a turn, and the reply (if one still runs) stops
@@ -292,12 +341,76 @@ class TurnTaking:
 
     def _drop(self, h: _Heard) -> list[Action]:
         assert self._endpointer is not None
+        out = self._release(h, h.verdicts[-1].kind.value if h.verdicts else "unsure")
         speech_end_ms = self._endpointer.speech_end_ms
         if self._endpointer.in_speech:
             self._endpointer.end()
         self._heard = None
+        if h.may_join is not None and self._last_end is None and h.may_join[0] in (self._answering, self._reply):
+            self._last_end = h.may_join  # a "yeah" after an endpoint: a continuation after it may still join
         self._apply_retune()
-        return [DropTurn(h.turn_id, speech_end_ms)]
+        return [*out, DropTurn(h.turn_id, speech_end_ms)]
+
+    # -- interjections: speech that may interrupt, decided by its words (interrupt_by "words") ----------------
+
+    def interjection_heard(self, turn_id: int, n: int, heard: Heard, recent_reply_words: Sequence[str]) -> list[Action]:
+        """The words of an interjection so far (asked by Recognise(turn_id, n)); `recent_reply_words`: what the
+        replies said lately, normalised (voice.interjection.words), so that their echo is known for what it is."""
+        h = self._heard
+        if h is None or h.turn_id != turn_id or h.is_turn:
+            return []  # dropped or ended meanwhile, or it has interrupted already
+        h.answered_n = max(h.answered_n, n)
+        verdict = classify(heard, recent_reply_words, self.policy.lexicon, final=n == h.final_n)
+        h.verdicts.append(verdict)
+        if verdict.interrupts:
+            return self._take_floor(h)
+        if n == h.final_n:
+            return self._drop(h)  # all of it heard, and it was no interruption: the reply resumes
+        out: list[Action] = []
+        if verdict.kind in (Kind.NONE, Kind.ECHO) and self._now_ms - h.start_ms >= self.policy.interject_release_ms:
+            out += self._release(h, verdict.kind.value)  # long enough to say: noise or echo that goes on
+        return out + self._interject_tick(h)
+
+    def _interject_tick(self, h: _Heard) -> list[Action]:
+        p = self.policy
+        out: list[Action] = []
+        if h.holds is not None and self._now_ms - h.start_ms >= p.interject_max_hold_ms:
+            out += self._release(h, "unsure")
+        if h.pause_ms is not None and h.final_n is None and self._now_ms - h.pause_ms >= p.ahead_silence_ms:
+            return out + self._ask(h, final=True)  # the user paused: a verdict on the whole of it
+        step = p.interject_step_ms * (1 if h.holds is not None else 4)  # released: no one waits, look less often
+        if h.pause_ms is None and self._now_ms - h.asked_audio_ms >= step:
+            return out + self._ask(h)
+        return out
+
+    def _ask(self, h: _Heard, final: bool = False) -> list[Action]:
+        if h.answered_n < h.asked_n:
+            return []  # one recognition at a time; the next is asked when this one answers
+        h.asked_n += 1
+        h.asked_audio_ms = self._now_ms
+        if final:
+            h.final_n = h.asked_n
+        return [Recognise(h.turn_id, h.asked_n)]
+
+    def _take_floor(self, h: _Heard) -> list[Action]:
+        """A real interruption: the interjection is a turn, a continuation joins its request, the reply stops."""
+        h.barged, h.holds = True, None
+        out: list[Action] = []
+        joins = h.may_join[0] if h.may_join is not None else None
+        if joins is not None:
+            h.joins, h.may_join = joins, None
+            if self._answering == joins:
+                self._answering = None  # its transcript, when it comes, starts no reply: this turn answers all of it
+            out.append(Join(h.turn_id, joins))
+        if self._reply is not None:
+            out.append(Interrupt(self._reply, self._now_ms, "rejoin" if self._reply == joins else "barge_in"))
+        return out
+
+    def _release(self, h: _Heard, reason: str) -> list[Action]:
+        if h.holds is None:
+            return []
+        reply, h.holds = h.holds, None
+        return [Release(reply, h.turn_id, self._now_ms, reason)]
 
     # -- replies -----------------------------------------------------------------------------------------------
 

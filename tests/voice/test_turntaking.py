@@ -169,7 +169,7 @@ def test_combined_weighs_the_audio_model_less_than_the_text() -> None:
 
 
 def test_barge_in_needs_the_minimum_speech_and_a_backchannel_is_dropped() -> None:
-    s = Script(detection="text", barge_in_min_speech_ms=200)
+    s = Script(detection="text", interrupt_by="duration", barge_in_min_speech_ms=200)
     s.send(s.core.typed("tell me a story"))
     assert s.core.state == "responding"
     s.speak(160).silent(300)  # "uh-huh"
@@ -186,7 +186,7 @@ def test_barge_in_needs_the_minimum_speech_and_a_backchannel_is_dropped() -> Non
 
 
 def test_speech_soon_after_an_endpoint_joins_that_request_and_stops_its_reply() -> None:
-    s = Script(detection="text", rejoin_window_ms=1000)
+    s = Script(detection="text", interrupt_by="duration", rejoin_window_ms=1000)
     s.speak(600)
     check = s.silent_until(CheckTurn)
     (end,) = s.send(s.core.check_done(1, check.check, None, 0.3, 10.0))  # "I would like to book a table."
@@ -205,7 +205,7 @@ def test_speech_soon_after_an_endpoint_joins_that_request_and_stops_its_reply() 
 
 
 def test_a_continuation_before_the_transcript_arrives_abandons_the_early_answer() -> None:
-    s = Script(detection="text")
+    s = Script(detection="text", interrupt_by="duration")
     s.speak(600)
     check = s.silent_until(CheckTurn)
     s.send(s.core.check_done(1, check.check, None, 0.5, 10.0))
@@ -271,7 +271,7 @@ def test_a_turn_that_goes_on_and_on_ends_at_its_maximum_length() -> None:
     s.speak(5000)
     (end,) = s.of(EndTurn)
     assert end.reason == "max_length" and s.at(end) == 3000.0  # the speech began at 0
-    s2 = Script(detection="fixed", max_turn_ms=3000)
+    s2 = Script(detection="fixed", max_turn_ms=3000, interrupt_by="duration")
     s2.send(s2.core.typed("tell me a story"))
     s2.speak(5000)  # under a reply it barges in after 200 ms and is a turn like any other, cut at its maximum too
     assert [e.reason for e in s2.of(EndTurn)] == ["max_length"]
