@@ -64,7 +64,8 @@ async def test_speech_soon_after_an_early_endpoint_joins_the_request_and_only_th
         await h.feed(quiet(2500), until=lambda: len(h.of("vad.speech_ended")) == 2, pause_s=0.02)
         trace = await h.wait_for("turn.trace", 2)
         started = h.of("vad.speech_started")
-        assert len(started) == 2 and started[1]["joins"] == early
+        assert len(started) == 2 and started[1]["holds"] == early  # the early reply pauses at once
+        assert h.of("turn.joined") == [{"type": "turn.joined", "turn_id": started[1]["turn_id"], "joins": early}]
         assert [m["turn_id"] for m in h.of("response.audio.clear")] == [early]
         done_early = h.of("response.done")[0]
         assert done_early["turn_id"] == early and done_early["interrupted"]
