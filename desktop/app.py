@@ -23,6 +23,7 @@ from desktop.tui import ClientView
 from web.protocol import InputText, PlaybackMark, ResponseCancel, SessionUpdate, unpack_audio
 
 SEND_RATE = 16000  # what we declare in session.start; the server's ASR rate, so it never resamples
+MAX_HOLD_S = 4.0  # a hold the server never decided (it heard no speech there, or it is gone) ends by itself
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class DesktopClient:
         self.view = view or ClientView()
         self.echo = echo or make_echo_control(opts.echo, opts.block_ms)
         self.jitter = JitterBuffer(audio.output_rate, opts.prebuffer_ms)
+        self._held_since: float | None = None  # perf_counter when playback was paused for speech over it
         self.latency = LatencyBook()
         self.voiced = VoicedClock()
         self.info: ServerInfo | None = None
@@ -87,6 +89,11 @@ class DesktopClient:
         self.view.talking = on
         if on and self.jitter.playing():
             self._spawn(self.interrupt())
+
+    def _hold(self, on: bool) -> None:
+        """Pause playback in place (speech under a reply) or resume it (the server's response.resumed)."""
+        self.jitter.held = on
+        self._held_since = time.perf_counter() if on else None
 
     async def interrupt(self) -> None:
         self.jitter.clear()
@@ -201,8 +208,8 @@ class DesktopClient:
             if not len(near):  # the resampler holds back its first few samples
                 continue
             cap = self.echo.capture(np.asarray(near, np.float32), self.jitter.playing())
-            if cap.barge_in:
-                await self.interrupt()
+            if cap.barge_in:  # pause what plays; the server hears the words and stops or resumes the reply
+                self._hold(True)
             # after echo handling, so the assistant's own voice does not count as the user's
             self.voiced.update(cap.audio[-len(near):], capture_s, SEND_RATE)
             audio = cap.audio if self.talking else np.zeros_like(cap.audio)
@@ -238,6 +245,9 @@ class DesktopClient:
                 if status.finished:
                     del self._turn_rs[turn_id]
             self.view.turns = self.latency.rows()
+            held = self._held_since
+            if held is not None and time.perf_counter() - held >= MAX_HOLD_S:
+                self._hold(False)  # the server never decided (it heard no speech there, or it is gone): play on
             if self.view.state == "speaking" and not self.jitter.playing():
                 self.view.state = "idle"
 
@@ -286,6 +296,10 @@ class DesktopClient:
             view.persona, view.voice = self.persona, self.voice
         elif kind == "vad.speech_started":
             view.state, view.partial = "listening", ""
+            if msg.get("holds") is not None and self.jitter.playing():
+                self._hold(True)
+        elif kind == "response.resumed":
+            self._hold(False)
         elif kind == "vad.speech_ended":
             self.latency.speech_ended(self.voiced.last_voiced_end_s)
             view.state = "thinking"
@@ -300,6 +314,7 @@ class DesktopClient:
             view.reply += msg["text"]
         elif kind == "response.audio.clear":
             self.jitter.clear(turn_id)
+            self._held_since = None
         elif kind == "response.done":
             self._flush_turn(turn_id)
             view.reply = str(msg.get("spoken_text" if msg.get("interrupted") else "text") or "")

@@ -47,6 +47,7 @@ class JitterBuffer:
         self._lock = threading.Lock()
         self._buffering = True
         self.underruns = 0
+        self.held = False  # playback paused in place (speech under a reply): pull() plays silence, keeps the audio
 
     def push(self, turn_id: int, seq: int, pcm: np.ndarray) -> bool:
         """Queue one chunk (float32 [n] at sample_rate). False if dropped: a cleared or finished
@@ -88,6 +89,7 @@ class JitterBuffer:
                 turn.cleared = turn.ended = True
                 self._done[tid] = turn
             self._buffering = True
+            self.held = False
             return dropped
 
     def pull(self, n: int, now_s: float = 0.0) -> np.ndarray:
@@ -96,7 +98,7 @@ class JitterBuffer:
         out = np.zeros(n, np.float32)
         pos = 0
         with self._lock:
-            while pos < n and self._turns:
+            while pos < n and self._turns and not self.held:
                 turn = next(iter(self._turns.values()))
                 if self._buffering and turn.buffered < self._prebuffer and not turn.ended:
                     break

@@ -44,7 +44,14 @@ class VadConfig(_Strict):
     turn_sure_prob: float = Field(0.8, gt=0.0, lt=1.0)
     turn_unsure_prob: float = Field(0.3, gt=0.0, lt=1.0)
     turn_audio_weight: float = Field(0.25, ge=0.0)
-    barge_in_min_speech_ms: int = Field(200, ge=0)  # a cough or "uh-huh" is shorter
+    # speech under a reply holds it; "words": it stops only for a real interruption (docs/turn-taking.md,
+    # Interruptions); "duration": any speech of barge_in_min_speech_ms stops it
+    interrupt_by: Literal["words", "duration"] = "words"
+    barge_in_min_speech_ms: int = Field(200, ge=0)  # duration: a cough or "uh-huh" is shorter
+    interject_release_ms: int = Field(500, ge=0)  # words: noise or echo this long resumes the reply while it goes on
+    interject_max_hold_ms: int = Field(1500, ge=0)  # words: the longest a reply is held for speech that has not interrupted
+    backchannels: list[str] | None = None  # words: replaces the built-in list (voice/interjection.py) for another language
+    stop_words: list[str] | None = None  # words: likewise, the words that stop a reply on their own
     rejoin_window_ms: int = Field(1000, ge=0)
     max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
 

@@ -130,14 +130,13 @@ class RealtimeConfig:
         td = self.turn_detection
         if td is None:
             return base
-        barge_ms = base.barge_in_min_speech_ms if td.interrupt_response else NEVER_MS
+        # interrupt_response false: speech under a response never stops it (no words rule, an endless minimum)
+        barge = {} if td.interrupt_response else {"interrupt_by": "duration", "barge_in_min_speech_ms": NEVER_MS}
         if td.type == "server_vad":
-            return replace(base, detection="fixed", hangover_ms=float(td.silence_duration_ms),
-                           barge_in_min_speech_ms=barge_ms, rejoin_window_ms=0.0)  # fmt: skip
+            return replace(base, detection="fixed", hangover_ms=float(td.silence_duration_ms), rejoin_window_ms=0.0, **barge)
         hangover = EAGERNESS_HANGOVER_MS.get(td.eagerness, base.max_hangover_ms)
         detection = base.detection if base.detection != "fixed" else "combined"
-        return replace(base, detection=detection, max_hangover_ms=max(float(hangover), base.turn_check_ms),
-                       barge_in_min_speech_ms=barge_ms)  # fmt: skip
+        return replace(base, detection=detection, max_hangover_ms=max(float(hangover), base.turn_check_ms), **barge)
 
     def vad_threshold(self, base: float) -> float:
         td = self.turn_detection

@@ -100,6 +100,8 @@ class Translator:
             return out + [{"type": delta_type, **self._where(r), "delta": body["text"]}]
         if kind == "response.done":
             return self._done(turn, body)
+        if kind == "response.resumed":  # speech over the response was no interruption: it goes on (docs/realtime.md)
+            return [{"type": "parley.response.resumed", "reason": body["reason"]}]
         if kind == "turn.trace":
             return [{"type": "parley.turn.trace", "trace": {k: v for k, v in body.items() if k != "type"}}]
         if kind == "error":

@@ -9,7 +9,9 @@ import { SpeechRun } from "./speech-run.js";
 import * as ui from "./ui.js";
 import { TurnLog } from "./turn-log.js";
 
-const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
+const BARGE_IN_MS = 200; // server unreachable: voiced mic time during playback before we stop the reply ourselves
+const UNHEARD_RELEASE_MS = 400; // a hold the server never took up (it heard no speech) ends this long after ours
+const MAX_HOLD_MS = 4000; // a hold whose decision never came (the server is gone) ends anyway
 const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
 const THINKING_GIVE_UP_MS = 15000; // speech that never became a turn (noise) stops showing "thinking"
 
@@ -32,14 +34,14 @@ let lastVoicedAt = null; // page clock of the last voiced mic frame sent
 let utteranceEndAt = null; // lastVoicedAt frozen when the server's VAD ends the utterance
 let joining = null; // the earlier turn whose request the speech being heard continues (vad.speech_started joins)
 const speech = new SpeechRun();
-let pendingCut = null; // {turnId, speechAt, heldAt}: playback paused on speech, not yet final
+let pendingCut = null; // {turnId, speechAt, heldAt, serverHeard, quietSince}: playback paused on speech, the server decides
 let lastMarkAt = 0;
 
 // Numbers for people and tests: the player's output level and counts, first-played times, barge-ins.
 const stats = {
   framesSent: 0, voicedFramesSent: 0, micRms: 0,
   playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
-  firstPlayed: {}, micToEar: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0,
+  firstPlayed: {}, micToEar: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0, resumes: [],
 };
 window.parleyStats = stats;
 window.parley = { conn, player, latency, stats, turn: (id) => log.get(id) };
@@ -95,8 +97,19 @@ const handlers = {
   },
   "vad.speech_started"(msg) {
     hearing = true;
-    joining = msg.joins ?? null;
     if (!$("partial").textContent) ui.setPartial("…");
+    // Speech under a reply: the server holds it too and decides from the words (a backchannel resumes it).
+    if (msg.holds !== undefined && !cancelled.has(msg.holds)) holdReply(msg.holds, performance.now(), true);
+  },
+  "turn.joined"(msg) {
+    joining = msg.joins;
+  },
+  "response.resumed"(msg) {
+    if (pendingCut && pendingCut.turnId === msg.turn_id) {
+      pendingCut = null;
+      player.release();
+      stats.resumes.push({ turnId: msg.turn_id, reason: msg.reason, at: performance.now() });
+    }
   },
   "vad.speech_ended"() {
     hearing = false;
@@ -217,26 +230,37 @@ function onMicFrame(frame) {
       lastVoicedAt = now;
     }
   }
-  // Client-side barge-in: the server's VAD would stop the reply too, but only after its own minimum
-  // speech time plus a round trip. Here the first voiced frame pauses playback at once; BARGE_IN_MS
-  // of speech makes it final (cancel + clear), and a shorter sound (a cough) lets the reply go on.
+  // Speech under a reply pauses playback at once (the first voiced frame); the server hears what it says and
+  // either stops the reply (response.audio.clear) or resumes it (response.resumed). Only a server that is not
+  // there to decide leaves it to us: then BARGE_IN_MS of speech stops the reply here, as a fallback.
   speech.push(frame, now);
   const turnId = player.state.turnId;
   const replyAudible = player.state.held || player.state.playing || player.state.buffered > 0;
   if (!replyAudible || turnId === null || cancelled.has(turnId)) {
+    if (pendingCut && player.state.held) player.release();
     pendingCut = null;
     return;
   }
-  if (speech.voicedMs > 0 && !player.state.held) {
-    pendingCut = { turnId, speechAt: speech.startedAt, heldAt: null };
-    player.hold();
-  } else if (speech.voicedMs === 0 && player.state.held) {
-    pendingCut = null;
-    player.release();
-  } else if (speech.voicedMs >= BARGE_IN_MS && pendingCut) {
-    conn.send(responseCancel());
-    cutReply("client", turnId, now);
+  if (speech.voicedMs > 0) {
+    holdReply(turnId, speech.startedAt ?? now, false);
+    pendingCut.quietSince = null;
+  } else if (pendingCut && pendingCut.quietSince === null) {
+    pendingCut.quietSince = now;
   }
+  if (!pendingCut) return;
+  if (!conn.isReady && speech.voicedMs >= BARGE_IN_MS) {
+    cutReply("client", turnId, now);
+  } else if ((!pendingCut.serverHeard && pendingCut.quietSince !== null && now - pendingCut.quietSince >= UNHEARD_RELEASE_MS)
+             || now - pendingCut.speechAt >= MAX_HOLD_MS) {
+    pendingCut = null; // the server heard no speech in it (or never answered): the reply goes on
+    player.release();
+  }
+}
+
+function holdReply(turnId, speechAt, serverHeard) {
+  if (!pendingCut || pendingCut.turnId !== turnId) pendingCut = { turnId, speechAt, heldAt: null, serverHeard, quietSince: null };
+  pendingCut.serverHeard ||= serverHeard;
+  if (!player.state.held) player.hold();
 }
 
 // Ends a reply the user talked over, decided here or by the server's VAD (whichever came first).
