@@ -95,6 +95,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         history_chars=int(cfg.models.llm.max_seq_len * 4 * 0.5),
         output_sample_rate=output_sample_rate(cfg),
         audio_lead_ms=1000.0 * cfg.server.audio_lead_s,
+        server_aec=cfg.vad.server_aec,
     )
     return SessionSettings(**{**base.__dict__, **overrides})
 

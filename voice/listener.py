@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from voice.asr import StreamingTranscriber, Transcriber
+from voice.echo import ServerEcho
 from voice.audio import SAMPLE_RATE, Framer
 from voice.interjection import Heard
 from voice.llm_bridge import LlmBridge, LlmFinish
@@ -168,6 +169,8 @@ class Listener:
         self._audio_in_ms = 0.0
         self._preroll: deque[np.ndarray] = deque(maxlen=1)
         self._vad: Vad | None = None
+        self.echo: ServerEcho | None = None  # takes the replies' echo out before the VAD hears it
+        self.pushed_ms = 0.0  # audio received so far (the audio time a playback mark arriving now belongs with)
 
     def push(self, samples: np.ndarray, arrival_ns: int) -> None:
         """16 kHz float32 [N] as it arrived; `arrival_ns` is perf_counter_ns at receipt."""
@@ -175,6 +178,7 @@ class Listener:
             self._queue.put_nowait((samples, arrival_ns))
         except asyncio.QueueFull:
             raise Overloaded from None
+        self.pushed_ms += 1000.0 * len(samples) / SAMPLE_RATE
 
     async def start(self) -> Vad:
         """Build and warm this session's VAD (a model's first calls are slow) off the loop; audio arriving
@@ -200,6 +204,8 @@ class Listener:
         while True:
             samples, arrival_ns = await self._queue.get()
             self._arrivals.append((self._audio_in_ms, arrival_ns))
+            if self.echo is not None:
+                samples = self.echo.process(samples, self._audio_in_ms)
             self._audio_in_ms += 1000.0 * len(samples) / SAMPLE_RATE
             for frame in framer.push(samples):
                 yield HeardFrame(vad.speech_prob(frame.samples), frame.t_ms, frame.samples)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, suppress
 from typing import TYPE_CHECKING
 
+from voice.audio import SAMPLE_RATE, resample
 from voice.history import reply_content
 from voice.interjection import words
 from voice.listener import Utterance
@@ -145,9 +146,12 @@ class Replies:
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         s = self.s
         binding = s.stages.voices[s.voice_name] if s.speak else None
+        echo = s.listener.echo
+        rate = s.settings.output_sample_rate
+        tap = None if echo is None else lambda turn, audio: echo.sent(turn, resample(audio, rate, SAMPLE_RATE))
         return Reply(
-            turn_id, s.outbox, binding, s.persona.speaking_rate, s.settings.output_sample_rate,
-            trace, s.stages.tts_work, s.settings.audio_lead_ms, s.stages.runner, s.session_id,
+            turn_id, s.outbox, binding, s.persona.speaking_rate, rate,
+            trace, s.stages.tts_work, s.settings.audio_lead_ms, s.stages.runner, s.session_id, tap=tap,
         )  # fmt: skip
 
     def _launch(

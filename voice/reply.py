@@ -100,6 +100,7 @@ class Reply:
     audio_lead_ms: float = 1000.0  # how far audio may run ahead of real-time playback (bounds what a clear drops)
     runner: StageRunner | None = None  # the shared-stage scheduler the syntheses run on (None: a thread each)
     key: str = ""  # the session, for the scheduler
+    tap: Callable[[int, np.ndarray], None] | None = None  # sees each chunk of audio as it is queued (the server's AEC)
     text: str = ""
     spans: list[PhraseSpan] = field(default_factory=list)
     queued_ms: float = 0.0  # reply audio handed to the outbox
@@ -188,6 +189,8 @@ class Reply:
             self.trace.info.setdefault("queue_ms", {})["tts"] = round(wait_ms, 3)
 
     async def _send_audio(self, audio: np.ndarray) -> None:
+        if self.tap is not None:
+            self.tap(self.turn_id, audio)
         piece = max(1, int(self.output_sample_rate * AUDIO_PIECE_MS / 1000))
         for i in range(0, len(audio), piece):
             part = audio[i : i + piece]

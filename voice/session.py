@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from voice.echo import ServerEcho, aec_available
 from voice.history import History
 from voice.interjection import Heard
 from voice.listener import Listener, Overloaded, Utterance
@@ -87,6 +88,8 @@ class Session:
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner,
         )  # fmt: skip
+        if settings.server_aec and aec_available():
+            self.listener.echo = ServerEcho()
         self.replies = Replies(self)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
@@ -199,6 +202,9 @@ class Session:
         if wrong is not None:
             raise InputError("invalid_message", f"playback.mark: {wrong}")
         self.replies.played(turn_id, played_ms, arrival_ns)
+        echo, playing = self.listener.echo, self.replies.running(turn_id)
+        if echo is not None and playing is not None and not playing.stopped:
+            echo.played(turn_id, played_ms, self.listener.pushed_ms)
         self.apply(self.turns.played(turn_id, played_ms))
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -293,12 +299,16 @@ class Session:
             elif isinstance(a, Join):
                 self._join(a)
             elif isinstance(a, Release):
+                if self.listener.echo is not None:
+                    self.listener.echo.resume(self.listener.pushed_ms)
                 self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)
             elif isinstance(a, DropTurn):
                 self._drop_turn(a)
             elif isinstance(a, Interrupt):
+                if self.listener.echo is not None:
+                    self.listener.echo.stop()
                 self.replies.interrupt(a.turn_id, a.t_ms)
             elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
                 utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
@@ -316,6 +326,8 @@ class Session:
         ended = self._ended if a.joins is not None and self._ended is not None and self._ended.turn_id == a.joins else None
         self.listener.open(a.turn_id, trace, a.start_ms, ended)  # with the request it may continue, from its start
         extra = {"holds": a.holds} if a.holds is not None else {}
+        if a.holds is not None and self.listener.echo is not None:
+            self.listener.echo.hold(a.start_ms)  # the client paused at about the first voiced sample
         self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), interjection=a.during_reply, **extra)
 
     def _join(self, a: Join) -> None:

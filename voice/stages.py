@@ -39,6 +39,7 @@ class SessionSettings:
     warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
     history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (parley.runtime)
     history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
+    server_aec: bool = False  # cancel the replies' echo in the microphone on the server (voice.echo)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,67 @@
+"""The server's echo canceller on real audio: a reply spoken by Piper, fed back into the microphone 60-120 ms later at
+-10 dB (a speakerphone without an echo canceller), is taken out before the VAD hears it; the user's own speech over
+it is not. The far end is placed only by playback marks, as a real client sends them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import corpus
+from voice.echo import ServerEcho, aec_available
+from parley.locate import find_embedded
+from voice.vad import SileroVad
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not aec_available(), reason="pywebrtc-audio is a dependency")]
+
+REPLY = "Sure. It will be sunny this afternoon with a light breeze, so it is a good day for a walk in the park."
+MESSAGE = 320  # 20 ms messages, as the clients send
+
+
+def voiced_share(audio: np.ndarray) -> float:
+    vad = SileroVad(find_embedded("vad"))
+    frame = int(16 * vad.frame_ms)
+    probs = [vad.speech_prob(audio[i : i + frame]) for i in range(0, len(audio) - frame, frame)]
+    return float(np.mean(np.asarray(probs) > 0.5))
+
+
+def run(delay_ms: float, user: np.ndarray | None = None, user_at_ms: float = 2000.0, mark_skew_ms: float = 0.0):
+    far = corpus.speak(REPLY, "piper")
+    mic = np.zeros(len(far) + 16000, np.float32)
+    d = int(16 * delay_ms)
+    mic[d : d + len(far)] += far * 10 ** (-10 / 20)
+    if user is not None:
+        s = int(16 * user_at_ms)
+        mic[s : s + len(user)] += user[: len(mic) - s]
+    echo = ServerEcho()
+    echo.sent(7, far)
+    out = []
+    for i in range(0, len(mic) - MESSAGE, MESSAGE):
+        t_ms = i / 16.0
+        if i % (MESSAGE * 12) == 0:  # a playback mark every 240 ms: what had played when this audio was captured
+            echo.played(7, max(0.0, t_ms - mark_skew_ms), t_ms)
+        out.append(echo.process(mic[i : i + MESSAGE], t_ms))
+    return mic, np.concatenate(out)
+
+
+@pytest.mark.parametrize("delay_ms,skew_ms", [(60, 0), (120, 0), (90, 40)])
+def test_the_replies_echo_is_taken_out_before_the_vad(delay_ms: float, skew_ms: float) -> None:
+    mic, clean = run(delay_ms, mark_skew_ms=skew_ms)
+    assert voiced_share(mic) > 0.6  # what the VAD heard before: the reply, as speech
+    assert voiced_share(clean) < 0.05
+
+
+def test_the_users_speech_over_the_echo_still_comes_through() -> None:
+    user = corpus.speak("No, tell me about Mars instead.", "flite")
+    alone = voiced_share(np.concatenate([np.zeros(32000, np.float32), user]))
+    mic, clean = run(90, user)
+    span = clean[32000 : 32000 + len(user)]
+    assert voiced_share(span) >= 0.6 * alone  # most of the user's voiced frames survive
+    after = clean[32000 + len(user) + 8000 :]
+    assert voiced_share(after) < 0.05  # and the echo around it is still gone
+
+
+def test_nothing_is_touched_while_no_reply_plays() -> None:
+    audio = corpus.speak("What is the weather like today?", "espeak")
+    echo = ServerEcho(make_aec=lambda: pytest.fail("no reply played: no echo canceller is needed"))
+    out = np.concatenate([echo.process(audio[i : i + MESSAGE], i / 16.0) for i in range(0, len(audio), MESSAGE)])
+    assert np.array_equal(out, audio[: len(out)]) and len(audio) - len(out) < 160
