@@ -35,7 +35,7 @@ BACKCHANNELS: tuple[str, ...] = (
 # One or two words that stop a reply on their own, wherever they come in the interjection.
 STOP_WORDS: tuple[str, ...] = (
     "wait", "stop", "no", "nope", "hold on", "hang on", "hold it", "hold up", "actually", "sorry", "excuse me",
-    "pause", "enough", "cancel", "never mind", "shut up", "quiet", "be quiet", "but", "hey", "listen",
+    "pause", "enough", "cancel", "never mind", "shut up", "quiet", "be quiet", "but", "hey", "listen", "what", "why",
 )  # fmt: skip
 
 # What Whisper writes for sound that is not speech (and the subtitles it learnt from): never words.
@@ -88,6 +88,9 @@ _WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 ECHO_MIN_SHARE = 0.6  # this share of an interjection's words among the reply's recent words: the reply's own voice
 MIN_LOGPROB = -1.0  # below this the recogniser is guessing: such words neither interrupt nor count as content
 EARLY_CONTENT_WORDS = 2  # while the user still speaks, this many content words interrupt without waiting for a pause
+# One word that is neither a stop word nor a backchannel interrupts only when the recogniser is sure of it: on a
+# short murmur Whisper writes a plausible word ("went" for Piper's "uh-huh", at about -0.8).
+ONE_WORD_MIN_LOGPROB = -0.5
 
 
 def words(text: str) -> list[str]:
@@ -155,6 +158,8 @@ def classify(heard: Heard, recent_reply_words: Sequence[str], lexicon: Lexicon, 
     if _covered(ws, lexicon.backchannels):
         return Verdict(Kind.BACKCHANNEL if final else Kind.UNSURE, said, "backchannel")
     content = [w for w in ws if w not in lexicon.backchannels]
-    if final or len(content) >= EARLY_CONTENT_WORDS:
+    if len(content) >= EARLY_CONTENT_WORDS or (final and heard.avg_logprob >= ONE_WORD_MIN_LOGPROB):
         return Verdict(Kind.INTERRUPT, said, " ".join(content))
+    if final:
+        return Verdict(Kind.NONE, said, f"one unsure word ({heard.avg_logprob:.2f})")
     return Verdict(Kind.UNSURE, said, "one word so far")

@@ -354,7 +354,8 @@ class Session:
         except (OSError, RuntimeError, ValueError) as exc:  # no words known: it cannot interrupt; the pause decides
             log.warning("session %s: interjection recognition failed: %r", self.session_id, exc)
             heard = Heard("", 0.0, 0.0)
-        utt.trace.info.setdefault("interjection", []).append({"n": a.n, "text": heard.text, "ms": round(heard.audio_ms, 1)})
+        utt.trace.info.setdefault("interjection", []).append(
+            {"n": a.n, "text": heard.text, "logprob": round(heard.avg_logprob, 2), "ms": round(heard.audio_ms, 1)})
         self.apply(self.turns.interjection_heard(a.turn_id, a.n, heard, self.replies.recent_words()))
 
     def _start_ahead(self, turn_id: int) -> None:

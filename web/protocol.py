@@ -102,6 +102,8 @@ SERVER_FIELDS: dict[str, tuple[str, ...]] = {
     "transcript.final": ("turn_id", "text"),
     "response.text.delta": ("turn_id", "text"),
     "response.audio.clear": ("turn_id",),
+    "response.resumed": ("turn_id", "interjection", "t_ms", "reason"),
+    "turn.joined": ("turn_id", "joins"),
     "response.done": ("turn_id", "text", "interrupted", "spoken_text"),
     "turn.trace": ("turn_id", "marks_ms", "stages_ms", "budgets_ms", "over_budget"),
     "error": ("code", "message", "fatal"),

@@ -42,8 +42,9 @@ def test_stop_words_interrupt_at_once_even_mid_speech(text: str, said: str) -> N
 
 def test_other_words_interrupt_once_there_are_two_or_at_the_pause() -> None:
     assert kind("Tell me about Mars instead.", final=False) == Kind.INTERRUPT
-    assert kind("Mars", final=False) == Kind.UNSURE and kind("Mars") == Kind.INTERRUPT
-    assert kind("What did you just say?", final=False) == Kind.INTERRUPT
+    assert kind("Mars", final=False) == Kind.UNSURE and kind("Mars", logprob=-0.3) == Kind.INTERRUPT
+    assert kind("went", logprob=-0.8) == Kind.NONE  # one unsure word at the pause: Whisper on Piper's "uh-huh"
+    assert kind("What did you just say?", final=False) == Kind.STOP  # "what" asks at once
     assert kind("Tell me about Mars", logprob=-1.6) == Kind.NONE  # the recogniser is guessing: no evidence of words
 
 
@@ -51,7 +52,7 @@ def test_the_replies_own_words_are_echo_and_the_users_words_over_them_are_not() 
     assert kind("sunny this afternoon with a light") == Kind.ECHO
     assert kind("it is a good day for a wall") == Kind.ECHO  # misheard here and there, still in the reply's order
     assert echo_share(words("a good day"), REPLY) == 1.0 and echo_share(words("park walk day"), REPLY) == pytest.approx(1 / 3)
-    assert kind("What is the capital of Peru?") == Kind.INTERRUPT
+    assert kind("Tell me the capital of Peru.") == Kind.INTERRUPT
     assert kind("no", recent=words("no, it will not rain")) == Kind.STOP  # one stop word: the user's, not the echo
 
 
