@@ -86,8 +86,8 @@ def noises(seed: int = 0) -> dict[str, np.ndarray]:
 
 def cases(tiny: bool) -> list[Case]:
     out: list[Case] = []
-    for i, text in enumerate(BACKCHANNELS[:1] if tiny else BACKCHANNELS):
-        for voice in (["piper"] if tiny else VOICES):
+    for text in BACKCHANNELS[2:3] if tiny else BACKCHANNELS:  # tiny: "Yeah."
+        for voice in (["piper-steady"] if tiny else VOICES):
             out.append(Case("backchannel", f"{text} ({voice})", corpus.speak(text, voice)))
     for name, audio in noises().items():
         if not tiny or name == "music":
@@ -97,8 +97,8 @@ def cases(tiny: bool) -> list[Case]:
     for text in REAL[:1] if tiny else REAL:
         for voice in (["flite"] if tiny else VOICES):
             out.append(Case("real", f"{text} ({voice})", corpus.speak(text, voice)))
-    over = REAL[1]
-    out.append(Case("real", f"{over} (piper) over the echo", corpus.speak(over, "piper"), 90.0))
+    over, voice = REAL[1], "piper-steady" if tiny else "piper"
+    out.append(Case("real", f"{over} ({voice}) over the echo", corpus.speak(over, voice), 90.0))
     return out
 
 

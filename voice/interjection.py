@@ -87,6 +87,9 @@ _WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 
 ECHO_MIN_SHARE = 0.6  # this share of an interjection's words among the reply's recent words: the reply's own voice
 MIN_LOGPROB = -1.0  # below this the recogniser is guessing: such words neither interrupt nor count as content
+# Words that are neither stop words nor backchannels interrupt only when the recogniser is fairly sure of them: on a
+# murmured "mm-hmm" Whisper tiny.en writes "We have them." at -0.97 (a real request over the reply: -0.3 to -0.75).
+CONTENT_MIN_LOGPROB = -0.9
 EARLY_CONTENT_WORDS = 2  # while the user still speaks, this many content words interrupt without waiting for a pause
 # One word that is neither a stop word nor a backchannel interrupts only when the recogniser is sure of it: on a
 # short murmur Whisper writes a plausible word ("went" for Piper's "uh-huh", at about -0.8).
@@ -157,9 +160,11 @@ def classify(heard: Heard, recent_reply_words: Sequence[str], lexicon: Lexicon, 
         return Verdict(Kind.STOP, said, " ".join(ws[a:b]))
     if _covered(ws, lexicon.backchannels):
         return Verdict(Kind.BACKCHANNEL if final else Kind.UNSURE, said, "backchannel")
-    content = [w for w in ws if w not in lexicon.backchannels]
-    if len(content) >= EARLY_CONTENT_WORDS or (final and heard.avg_logprob >= ONE_WORD_MIN_LOGPROB):
+    content = [w for w in ws if w not in lexicon.backchannels and (len(w) > 1 or w in ("i", "a"))]  # not "N f"
+    if heard.avg_logprob < CONTENT_MIN_LOGPROB:
+        content = []
+    if len(content) >= EARLY_CONTENT_WORDS or (final and content and heard.avg_logprob >= ONE_WORD_MIN_LOGPROB):
         return Verdict(Kind.INTERRUPT, said, " ".join(content))
     if final:
-        return Verdict(Kind.NONE, said, f"one unsure word ({heard.avg_logprob:.2f})")
+        return Verdict(Kind.NONE, said, f"words too unsure to interrupt ({heard.avg_logprob:.2f})")
     return Verdict(Kind.UNSURE, said, "one word so far")

@@ -197,3 +197,18 @@ def test_startup_tiny(tmp_path: Path) -> None:
     assert set(first["stages"]) >= {"vad", "asr", "llm", "tts"} and all(v >= 0 for v in first["stages"].values())
     assert sum(first["stages"].values()) <= first["ready_s"] + 0.5  # each stage's load is part of the whole
     assert "first start" in proc.stdout and "median of" not in proc.stdout
+
+
+def test_interruptions_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "interruptions.json"
+    proc = run_script("interruptions", "--tiny", "--server", real_server.url, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outcomes = json.loads(out.read_text())
+    by_family = {f: [o for o in outcomes if o["family"] == f] for f in ("backchannel", "noise", "echo", "real")}
+    assert all(by_family.values()) and all(o["error"] is None for o in outcomes), outcomes
+    for family in ("backchannel", "noise", "echo"):  # "yeah", music at -25 dBFS, its own voice at -10 dB: it plays on
+        assert [(o["stopped"], o["turns_opened"]) for o in by_family[family]] == [(False, 0)] * len(by_family[family]), outcomes
+    assert by_family["backchannel"][0]["resume_ms"] > 0  # held at once, then resumed by the server's word
+    for o in by_family["real"]:  # "Wait, stop." and a request spoken over the echo: stopped, and answered
+        assert o["stopped"] and o["turns_opened"] >= 1 and o["decision_ms"] > 0 and o["answered"], outcomes
+    assert "replies stopped" in proc.stdout and "| echo | 1 | 0 | 0 |" in proc.stdout

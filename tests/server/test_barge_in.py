@@ -34,29 +34,35 @@ async def _health(live_server) -> dict:
         return (await http.get("/healthz")).json()
 
 
-async def test_speech_during_reply_clears_it_within_300ms_and_history_keeps_the_spoken_part(live_server) -> None:
-    # the shipped barge-in minimum, not a test override, is what must meet the 300 ms bound
-    assert live_server.cfg.vad.barge_in_min_speech_ms == load_config(DEFAULT_CONFIG).vad.barge_in_min_speech_ms == 200
+async def test_a_backchannel_resumes_a_reply_and_real_speech_clears_it_and_history_keeps_the_spoken_part(live_server) -> None:
+    # the shipped rule, not a test override: what was said decides
+    assert live_server.cfg.vad.interrupt_by == load_config(DEFAULT_CONFIG).vad.interrupt_by == "words"
     speech, rate = corpus.speak_piper(INTERRUPTION)
     speech = corpus.to_16k(speech, rate)
     onset_ms, _ = corpus.speech_bounds_ms(speech, corpus.ASR_RATE)
     async with Client(live_server.ws_url()) as c:
         ready = await c.start()
         turn = await _reply_playing(c)
-        # a 150 ms noise burst, then quiet: not an interruption
-        await c.stream(np.concatenate([corpus.silence(200), corpus.white_noise(150, level=0.3), corpus.silence(700)]))
-        assert not c.of("response.audio.clear") and not c.of("response.done", turn), c.types()
+        # "yeah" under the reply: held, then resumed, and no turn (the server says so: response.resumed)
+        yeah = corpus.speak("Yeah.", "piper-steady")
+        await c.stream(np.concatenate([corpus.silence(200), yeah, corpus.silence(300)]))
+        await c.stream(corpus.silence(3000), until=lambda: bool(c.of("response.resumed")))
+        (resumed,) = c.of("response.resumed")
+        held = c.of("vad.speech_started")[-1]
+        assert resumed["turn_id"] == turn == held["holds"] and resumed["interjection"] == held["turn_id"], c.types()
+        # a backchannel; "unsure" when a busy machine's recognition was slower than the longest hold (it plays on)
+        assert resumed["reason"] in ("backchannel", "unsure"), resumed
+        assert not c.of("response.audio.clear") and not c.of("transcript.final", held["turn_id"]), c.types()
         # real speech: the reply is cleared
         start_ms = c.audio_sent_ms
         await c.stream(np.concatenate([speech, corpus.silence(1200)]))
         clear = await c.wait_for("response.audio.clear")
         done = await c.wait_for("response.done", turn_id=turn)
         assert clear["turn_id"] == turn and done["interrupted"]
-        # the server's audio clock is the client's (both count the samples streamed): the clear was decided
-        # within 300 ms of audio after the speech began, and reached the client while the user still spoke
+        # the server's audio clock is the client's (both count the samples streamed): the clear was decided after
+        # the speech began, from its words (its stop word "wait"); how soon is bench.interruptions' to measure
         decided_ms = clear["t_ms"] - (start_ms + onset_ms)
-        assert 0 < decided_ms <= 300.0, decided_ms
-        assert clear["audio_sent_ms"] < start_ms + len(speech) / 16.0
+        assert decided_ms > 0, decided_ms
         # no audio of the cleared turn after the clear
         at = c.messages.index(clear)
         assert not [m for m in c.messages[at:] if m["type"] == "audio" and m["turn_id"] == turn]
@@ -74,11 +80,11 @@ async def test_speech_during_reply_clears_it_within_300ms_and_history_keeps_the_
         answered = next(d["turn_id"] for d in c.of("response.done") if d["turn_id"] > turn and not d["interrupted"])
         final = c.of("transcript.final", turn_id=answered)[0]
         assert corpus.wer(INTERRUPTION, final["text"]) <= 0.3, final["text"]
-        chain = []  # the joins of the last speech starts: each early turn joined by the next, up to the answered one
-        for m in reversed(c.of("vad.speech_started")):
-            if m.get("joins") is None:
-                break
-            chain.insert(0, m["joins"])
+        joined = {m["turn_id"]: m["joins"] for m in c.of("turn.joined")}
+        chain, at = [], answered  # each early turn joined by the next, back from the answered one
+        while at in joined:
+            chain.insert(0, joined[at])
+            at = joined[at]
         assert chain == list(range(answered - len(chain), answered)) and answered - len(chain) > turn, (chain, answered)
         await c.wait_for("turn.trace", turn_id=answered, timeout_s=120)
     assert await _engine_idle(live_server)  # the cancelled generation does not linger in the engine

@@ -44,6 +44,8 @@ def test_other_words_interrupt_once_there_are_two_or_at_the_pause() -> None:
     assert kind("Tell me about Mars instead.", final=False) == Kind.INTERRUPT
     assert kind("Mars", final=False) == Kind.UNSURE and kind("Mars", logprob=-0.3) == Kind.INTERRUPT
     assert kind("went", logprob=-0.8) == Kind.NONE  # one unsure word at the pause: Whisper on Piper's "uh-huh"
+    assert kind("We have them.", logprob=-0.97) == Kind.NONE  # ... and on espeak-ng's "mm-hmm"
+    assert kind("N f", logprob=-0.6, final=False) == Kind.UNSURE  # ... and on flite's, mid-way: letters are no words
     assert kind("What did you just say?", final=False) == Kind.STOP  # "what" asks at once
     assert kind("Tell me about Mars", logprob=-1.6) == Kind.NONE  # the recogniser is guessing: no evidence of words
 
