@@ -25,7 +25,8 @@ import numpy as np
 from bench import _stats
 from bench import corpus as spoken
 from voice.audio import SAMPLE_RATE
-from voice.turntaking import CheckTurn, DropAhead, EndTurn, OpenTurn, StartAhead, TurnTaking
+from voice.interjection import Heard
+from voice.turntaking import CheckTurn, DropAhead, EndTurn, Join, OpenTurn, Recognise, StartAhead, TurnTaking
 from voice.turn_policy import DETECTIONS, TurnPolicy
 
 LEAD_MS = 300.0  # silence before each request
@@ -129,6 +130,14 @@ class Models:
     def final(self, clip: Clip, start: int, end: int) -> tuple[str, float]:
         return self._timed(("asr", clip.name, start, end), lambda: self.asr.transcribe(clip.audio[start:end]).text.strip())
 
+    def heard(self, clip: Clip, start: int, end: int) -> tuple[Heard, float]:
+        """What an interjection's words look like to turn-taking (a continuation after an early endpoint)."""
+        def run() -> Heard:
+            t = self.asr.transcribe(clip.audio[start:end])
+            return Heard(t.text, t.avg_logprob, t.audio_ms)
+
+        return self._timed(("heard", clip.name, start, end), run)
+
     def text_prob(self, text: str) -> tuple[float | None, float]:
         from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 
@@ -148,6 +157,7 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
     ms = lambda samples: 1000.0 * samples / SAMPLE_RATE  # noqa: E731
     at = lambda t_ms: int(t_ms * SAMPLE_RATE / 1000)  # noqa: E731
     starts: dict[int, int] = {}  # turn -> first sample of its audio
+    own: dict[int, int] = {}  # turn -> first sample of its own speech (a continuation's audio starts with its request's)
     ready: dict[int, tuple[float, float | None, float]] = {}  # turn -> (audio ms the work ahead is done, text prob, its ms)
     due: list[tuple[float, Callable[[], list[Any]]]] = []
     ends: list[tuple[float, EndTurn]] = []
@@ -162,8 +172,13 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
             actions += deliver()
         for a in actions:
             if isinstance(a, OpenTurn):
-                starts[a.turn_id] = starts[a.joins] if a.joins is not None else max(0, at(a.start_ms - PREROLL_MS))
-                joins += a.joins is not None
+                own[a.turn_id] = max(0, at(a.start_ms - PREROLL_MS))
+                starts[a.turn_id] = starts[a.joins] if a.joins is not None else own[a.turn_id]
+            elif isinstance(a, Join):
+                joins += 1
+            elif isinstance(a, Recognise):  # a continuation: its words decide whether it joins the request
+                heard, asr_ms = models.heard(clip, own[a.turn_id], at(now))
+                due.append((now + asr_ms, lambda a=a, heard=heard: core.interjection_heard(a.turn_id, a.n, heard, [])))
             elif isinstance(a, StartAhead):
                 text, asr_ms = models.final(clip, starts[a.turn_id], at(now))
                 text_prob, probe_ms = models.text_prob(text) if policy.uses_text else (None, 0.0)
@@ -285,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv, "wall_s": round(time.monotonic() - t0, 1),
-                               "policy": base.__dict__, "detectors": results}, indent=1))  # fmt: skip
+                               "policy": {k: v for k, v in base.__dict__.items() if k != "lexicon"}, "detectors": results}, indent=1))  # fmt: skip
     print(f"wrote {out} in {time.monotonic() - t0:.0f} s")
     return 0
 
