@@ -58,6 +58,7 @@ class Outcome:
     decision_ms: float | None  # first voiced sample -> response.audio.clear (audio time, the server's clock)
     resume_ms: float | None  # first voiced sample -> response.resumed
     answered: str | None = None  # real: the transcript the new turn answered
+    heard: str | None = None  # what the server heard in it: the resumed words, or the interrupting turn's transcript
     error: str | None = None
 
 
@@ -216,8 +217,10 @@ class Speakerphone:
         clear = next((m for m in kinds("response.audio.clear") if m["turn_id"] == self.story), None)
         resumed = next((m for m in kinds("response.resumed") if m["turn_id"] == self.story), None)
         since = lambda m: None if m is None or self.voiced_ms is None else round(m["t_ms"] - self.voiced_ms, 1)  # noqa: E731
+        finals = [m["text"] for m in kinds("transcript.final") if m["turn_id"] in started - dropped]
+        heard = resumed["heard"] if resumed is not None else finals[0] if finals else None
         return Outcome(self.case.family, self.case.name, clear is not None, len(started - dropped), since(clear),
-                       since(resumed), self._answered() if self.case.family == "real" else None)  # fmt: skip
+                       since(resumed), self._answered() if self.case.family == "real" else None, heard)  # fmt: skip
 
 
 async def run_all(server: str, selected: list[Case], seed: int) -> list[Outcome]:
@@ -229,7 +232,7 @@ async def run_all(server: str, selected: list[Case], seed: int) -> list[Outcome]
         except (OSError, TimeoutError, RuntimeError) as exc:
             out.append(Outcome(case.family, case.name, False, 0, None, None, error=repr(exc)))
         print(f"  {out[-1].family:12s} {out[-1].name:45s} stopped={out[-1].stopped!s:5s} turns={out[-1].turns_opened} "
-              f"decided={out[-1].decision_ms} resumed={out[-1].resume_ms}", flush=True)  # fmt: skip
+              f"decided={out[-1].decision_ms} resumed={out[-1].resume_ms} heard={out[-1].heard!r}", flush=True)  # fmt: skip
     return out
 
 

@@ -32,9 +32,10 @@ BACKCHANNELS: tuple[str, ...] = (
     "that's right", "that makes sense", "go on", "i understand", "understood", "huh", "neat", "awesome", "lovely",
 )  # fmt: skip
 
-# One or two words that stop a reply on their own, wherever they come in the interjection.
+# One or two words that stop a reply on their own, wherever they come in the interjection. Not "sorry": Whisper
+# writes "I'm sorry." for a murmured "got it" (and a real "sorry, ..." goes on with words that interrupt).
 STOP_WORDS: tuple[str, ...] = (
-    "wait", "stop", "no", "nope", "hold on", "hang on", "hold it", "hold up", "actually", "sorry", "excuse me",
+    "wait", "stop", "no", "nope", "hold on", "hang on", "hold it", "hold up", "actually", "excuse me",
     "pause", "enough", "cancel", "never mind", "shut up", "quiet", "be quiet", "but", "hey", "listen", "what", "why",
 )  # fmt: skip
 

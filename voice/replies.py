@@ -87,7 +87,7 @@ class Replies:
     def release(self, a: ReleaseHold) -> None:
         """Speech held the reply and was no interruption: the client resumes playback where it paused."""
         self.s.outbox.send("response.resumed", turn_id=a.reply_turn, interjection=a.turn_id, t_ms=round(a.t_ms, 1),
-                           reason=a.reason)  # fmt: skip
+                           reason=a.reason, heard=a.heard)  # fmt: skip
         reply = self.current
         if reply is not None and reply.turn_id == a.reply_turn and reply.trace is not None:
             reply.trace.info.setdefault("held", []).append({"by": a.turn_id, "reason": a.reason})

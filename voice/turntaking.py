@@ -52,6 +52,7 @@ class Release:
     turn_id: int  # the interjection
     t_ms: float  # audio time of the decision
     reason: str  # none | backchannel | echo | unsure (held as long as it may be)
+    heard: str = ""  # the interjection's words, as the last recognition had them
 
 
 @dataclass(frozen=True)
@@ -410,7 +411,7 @@ class TurnTaking:
         if h.holds is None:
             return []
         reply, h.holds = h.holds, None
-        return [Release(reply, h.turn_id, self._now_ms, reason)]
+        return [Release(reply, h.turn_id, self._now_ms, reason, " ".join(h.verdicts[-1].words) if h.verdicts else "")]
 
     # -- replies -----------------------------------------------------------------------------------------------
 

@@ -111,7 +111,7 @@ def test_a_backchannel_holds_the_reply_then_releases_it_and_opens_no_turn() -> N
     assert s.of(Release) == [] and s.of(Interrupt) == []  # a backchannel so far: "yeah, but ..." may follow
     s.silent(200)
     assert [t for t, _ in s.asked][-1] == 380.0  # 64 ms into the pause (as the work ahead of a turn): all of it
-    assert s.of(Release) == [Release(1, 2, 380.0, "backchannel")] and s.of(DropTurn) == [DropTurn(2, 300.0)]
+    assert s.of(Release) == [Release(1, 2, 380.0, "backchannel", "yeah")] and s.of(DropTurn) == [DropTurn(2, 300.0)]
     assert s.of(Interrupt) == [] and s.of(StartAhead) == [] and s.core.state == "responding"
 
 
