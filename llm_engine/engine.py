@@ -259,7 +259,7 @@ class Engine:
     def _handle(self, msg: object) -> None:
         if isinstance(msg, _Job):
             self._jobs[msg.id] = msg
-            self.scheduler.enqueue(msg.id)
+            self.scheduler.enqueue(msg.id, msg.req.session_id)
         elif isinstance(msg, Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
                 self._emit(job, job.gen.cancel())
@@ -320,6 +320,7 @@ class Engine:
     def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None
         state = self.slots.slots[job.slot]
+        self.scheduler.chunk_ran(job.id)  # its session goes to the back of the prefill round-robin
         try:
             if self.speculation is not None:
                 self.speculation.pause(job.slot)
