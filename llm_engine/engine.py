@@ -96,6 +96,7 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.prefix_hits = 0  # requests that copied a prompt prefix from another slot (written by the engine thread)
         self.prefix_tokens = 0  # the tokens those copies saved computing
+        self.cancelled_prefills = 0  # requests cancelled before their prompt was through (queued, or part-way)
         self.speculation: SoloSpeculation | None = None
         if draft is not None:
             from llm_engine.solo_speculation import SoloSpeculation
@@ -227,7 +228,7 @@ class Engine:
                 # Block only when nothing can run; otherwise just pick up what arrived.
                 self._iterate(block=not self.scheduler.runnable())
             for job in list(self._jobs.values()):
-                self._emit(job, job.gen.cancel())
+                self._cancel(job)
 
     def _iterate(self, block: bool) -> StepPlan | None:
         try:
@@ -259,10 +260,10 @@ class Engine:
     def _handle(self, msg: object) -> None:
         if isinstance(msg, _Job):
             self._jobs[msg.id] = msg
-            self.scheduler.enqueue(msg.id)
+            self.scheduler.enqueue(msg.id, msg.req.session_id)
         elif isinstance(msg, Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
-                self._emit(job, job.gen.cancel())
+                self._cancel(job)
             with self._lock:
                 self.slots.release(msg.session_id)
                 self._releasing.discard(msg.session_id)
@@ -274,7 +275,7 @@ class Engine:
 
     def _reap_cancelled(self) -> None:
         for job in [j for j in self._jobs.values() if j.stream.cancelled.is_set()]:
-            self._emit(job, job.gen.cancel())
+            self._cancel(job)
 
     def _admit(self) -> None:
         busy_sessions = {self._jobs[j].req.session_id for j in self.scheduler.running()}
@@ -320,6 +321,7 @@ class Engine:
     def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None
         state = self.slots.slots[job.slot]
+        self.scheduler.chunk_ran(job.id)  # its session goes to the back of the prefill round-robin
         try:
             if self.speculation is not None:
                 self.speculation.pause(job.slot)
@@ -367,6 +369,11 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
             events = self._fail(job, exc)
         self._emit(job, events)
+
+    def _cancel(self, job: _Job) -> None:
+        if not job.gen.finished and not job.gen.prefilled:
+            self.cancelled_prefills += 1
+        self._emit(job, job.gen.cancel())
 
     def _fail(self, job: _Job, exc: Exception) -> list[Event]:
         assert job.slot is not None

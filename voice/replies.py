@@ -169,7 +169,7 @@ class Replies:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
             if s.settings.warm_prompt:
                 with suppress(RuntimeError):  # the task group is shutting down: the session is closing
-                    s.spawn(s.warm_prompt)
+                    s.rewarm()
         s.apply(s.turns.reply_ended(reply.turn_id, interrupted))
         if trace is not None:
             trace.mark("interrupted" if interrupted else "done")
