@@ -58,7 +58,9 @@ async def test_a_spoken_question_and_a_barge_in_over_webrtc(live_server) -> None
         assert clear["turn_id"] == story and cut["interrupted"]
         assert len(cut["spoken_text"].split()) < len(cut["text"].split())
         session = live_server.state.sessions[ready["session_id"]]
-        assert [t for r, t in session.history if r == "assistant"][-1] == cut["spoken_text"]
+        kept = [t for r, t in session.history if r == "assistant"][-1]  # what the reply track played of it
+        words = cut["text"].split()
+        assert 0 < len(kept.split()) < len(words) and kept.split() == words[: len(kept.split())], (kept, cut)
 
 
 async def test_a_wrong_token_or_origin_gets_no_answer(live_server) -> None:
