@@ -377,16 +377,16 @@ class TurnTaking:
         out: list[Action] = []
         if h.holds is not None and self._now_ms - h.start_ms >= p.interject_max_hold_ms:
             out += self._release(h, "unsure")
-        if h.pause_ms is not None and h.final_n is None and self._now_ms - h.pause_ms >= p.ahead_silence_ms:
-            return out + self._ask(h, final=True)  # the user paused: a verdict on the whole of it
+        if h.pause_ms is not None and h.final_n is None:
+            return out + self._ask(h, final=True)  # the user paused: a verdict on the whole of it, now
         step = p.interject_step_ms * (1 if h.holds is not None else 4)  # released: no one waits, look less often
         if h.pause_ms is None and self._now_ms - h.asked_audio_ms >= step:
             return out + self._ask(h)
         return out
 
     def _ask(self, h: _Heard, final: bool = False) -> list[Action]:
-        if h.answered_n < h.asked_n:
-            return []  # one recognition at a time; the next is asked when this one answers
+        if h.answered_n < h.asked_n and not final:
+            return []  # one recognition at a time while it grows; the pause's does not wait for one in flight
         h.asked_n += 1
         h.asked_audio_ms = self._now_ms
         if final:
