@@ -209,7 +209,10 @@ class DesktopClient:
                 continue
             cap = self.echo.capture(np.asarray(near, np.float32), self.jitter.playing())
             if cap.barge_in:  # pause what plays; the server hears the words and stops or resumes the reply
-                self._hold(True)
+                if self.ready.is_set():
+                    self._hold(True)
+                else:  # no server to decide: stop it here
+                    self.jitter.clear()
             # after echo handling, so the assistant's own voice does not count as the user's
             self.voiced.update(cap.audio[-len(near):], capture_s, SEND_RATE)
             audio = cap.audio if self.talking else np.zeros_like(cap.audio)
