@@ -142,7 +142,12 @@ class Speakerphone:
     async def _microphone(self, conn: Connection) -> None:
         t0, said, ends_at = time.perf_counter(), 0, None
         greeted = asyncio.get_running_loop().time() + 3.0
+        marked_held = False
         while ends_at is None or self.frames * 20 < ends_at:
+            if self.held != marked_held and self.story and self.story > 0:  # tell the server where playback paused
+                marked_held = self.held
+                await conn.send_json(PlaybackMark(type="playback.mark", turn_id=self.story,
+                                                  played_ms=self.pos.get(self.story, 0) / 16.0, paused=self.held))
             turn = None if self.held else self._playing()
             out = np.zeros(FRAME, np.float32)
             if turn is not None:  # the loudspeaker plays the next 20 ms of the reply

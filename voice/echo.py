@@ -7,7 +7,7 @@ Measured in docs/turn-taking.md, "Interruptions".
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -17,7 +17,9 @@ from voice.audio import SAMPLE_RATE
 
 BLOCK = SAMPLE_RATE // 100  # AEC3 works on 10 ms blocks
 TAIL_MS = 1500.0  # after the last far-end sample the room may still echo; past it the microphone passes untouched
-LEAD_MS = 60.0  # the far end is laid this much early: AEC3 finds an echo that comes later, never one that came before
+LEAD_MS = 150.0  # the far end is laid this much early: AEC3 finds an echo that comes later (mark jitter included), never one that came before
+REANCHOR_MS = 250.0  # the marks' median moving less than this is jitter AEC3's own delay search absorbs; a jump costs it ~2 s
+MARKS_KEPT = 8  # the last marks of the playing reply whose median places it
 KEEP_TURNS = 2  # replies whose audio is kept (the one playing, the one before whose tail may still echo)
 MAX_TURN_S = 120.0  # a reply's audio kept at most this long (bounds memory)
 
@@ -49,7 +51,7 @@ class ServerEcho:
         self._audio: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # turn -> float32 pieces at 16 kHz
         self._joined: dict[int, np.ndarray] = {}
         self._anchor: tuple[int, float] | None = None  # (turn, offset): its position p ms plays at mic time p + offset
-        self._paused_at: tuple[int, float] | None = None  # (turn, position ms) where the client holds playback
+        self._offsets: deque[float] = deque(maxlen=MARKS_KEPT)
         self._pending = np.zeros(0, np.float32)
         self._last_far_ms = -1e12
         self.blocks_cancelled = 0
@@ -68,23 +70,23 @@ class ServerEcho:
 
     def played(self, turn_id: int, played_ms: float, mic_ms: float) -> None:
         """A playback mark: `played_ms` of the turn had played when the microphone's audio reached `mic_ms`."""
-        self._anchor, self._paused_at = (turn_id, mic_ms - played_ms), None
+        offset = mic_ms - played_ms
+        if self._anchor is None or self._anchor[0] != turn_id:
+            self._anchor, self._offsets = (turn_id, offset), deque([offset], maxlen=MARKS_KEPT)
+            return
+        self._offsets.append(offset)
+        median = float(np.median(self._offsets))
+        if abs(self._anchor[1] - median) >= REANCHOR_MS:
+            self._anchor = (turn_id, median)
 
-    def hold(self, mic_ms: float) -> None:
-        """The client paused playback (speech over the reply) at about `mic_ms`."""
-        if self._anchor is not None:
-            turn, offset = self._anchor
-            self._paused_at, self._anchor = (turn, mic_ms - offset), None
-
-    def resume(self, mic_ms: float) -> None:
-        """The client resumes playback where it paused, at about `mic_ms` (until the next mark says exactly)."""
-        if self._paused_at is not None:
-            turn, position = self._paused_at
-            self._anchor, self._paused_at = (turn, mic_ms - position), None
+    def paused(self, turn_id: int, played_ms: float) -> None:
+        """A mark that says playback is paused there (speech over the reply): nothing plays until the next mark.
+        (A client that cannot pause, a phone line, never sends one: its reply goes on playing.)"""
+        self._anchor = None
 
     def stop(self) -> None:
         """Playback was cleared: nothing plays until the next mark."""
-        self._anchor = self._paused_at = None
+        self._anchor = None
 
     # -- the microphone -----------------------------------------------------------------------------------
 

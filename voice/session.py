@@ -196,7 +196,7 @@ class Session:
     def cancel_reply(self) -> None:
         self.apply(self.turns.cancel())
 
-    def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int) -> None:
+    def playback_mark(self, turn_id: int, played_ms: float, arrival_ns: int, paused: bool = False) -> None:
         if turn_id > self.turns.last_turn:
             raise InputError("invalid_message", f"playback.mark: turn {turn_id} has not begun")
         wrong = self.replies.check_mark(turn_id, played_ms)
@@ -204,8 +204,8 @@ class Session:
             raise InputError("invalid_message", f"playback.mark: {wrong}")
         self.replies.played(turn_id, played_ms, arrival_ns)
         echo, playing = self.listener.echo, self.replies.running(turn_id)
-        if echo is not None and playing is not None and not playing.stopped:
-            echo.played(turn_id, played_ms, self.listener.pushed_ms)
+        if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
+            echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
         self.apply(self.turns.played(turn_id, played_ms))
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -300,8 +300,6 @@ class Session:
             elif isinstance(a, Join):
                 self._join(a)
             elif isinstance(a, Release):
-                if self.listener.echo is not None:
-                    self.listener.echo.resume(self.listener.pushed_ms)
                 self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)
@@ -327,8 +325,6 @@ class Session:
         ended = self._ended if a.joins is not None and self._ended is not None and self._ended.turn_id == a.joins else None
         self.listener.open(a.turn_id, trace, a.start_ms, ended)  # with the request it may continue, from its start
         extra = {"holds": a.holds} if a.holds is not None else {}
-        if a.holds is not None and self.listener.echo is not None:
-            self.listener.echo.hold(a.start_ms)  # the client paused at about the first voiced sample
         self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), interjection=a.during_reply, **extra)
 
     def _join(self, a: Join) -> None:

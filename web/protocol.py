@@ -78,6 +78,7 @@ class PlaybackMark(_Msg):
     type: Literal["playback.mark"]
     turn_id: int = Field(ge=0, le=MAX_TURN_ID)
     played_ms: float = Field(ge=0, le=MAX_PLAYED_MS)
+    paused: bool = False  # playback is paused here (speech over the reply) until the next mark
 
 
 class SessionUpdate(_Msg):

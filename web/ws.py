@@ -242,7 +242,7 @@ class Connection:
         elif isinstance(msg, P.ResponseCancel):
             session.cancel_reply()
         elif isinstance(msg, P.PlaybackMark):
-            session.playback_mark(msg.turn_id, msg.played_ms, arrival_ns)
+            session.playback_mark(msg.turn_id, msg.played_ms, arrival_ns, paused=msg.paused)
         elif isinstance(msg, P.SessionUpdate):
             session.update(msg.persona, msg.voice)
             self.outbox.send("session.updated", persona=session.persona_name, voice=session.voice_name)

@@ -34,16 +34,17 @@ def run(delay_ms: float, user: np.ndarray | None = None, user_at_ms: float = 200
         mic[s : s + len(user)] += user[: len(mic) - s]
     echo = ServerEcho()
     echo.sent(7, far)
+    rng = np.random.default_rng(0)
     out = []
     for i in range(0, len(mic) - MESSAGE, MESSAGE):
         t_ms = i / 16.0
-        if i % (MESSAGE * 12) == 0:  # a playback mark every 240 ms: what had played when this audio was captured
-            echo.played(7, max(0.0, t_ms - mark_skew_ms), t_ms)
+        if i % (MESSAGE * 12) == 0:  # a playback mark every 240 ms: what had played when this audio was captured,
+            echo.played(7, max(0.0, t_ms - rng.uniform(0.0, mark_skew_ms)), t_ms)  # as late as the network makes it
         out.append(echo.process(mic[i : i + MESSAGE], t_ms))
     return mic, np.concatenate(out)
 
 
-@pytest.mark.parametrize("delay_ms,skew_ms", [(60, 0), (120, 0), (90, 40)])
+@pytest.mark.parametrize("delay_ms,skew_ms", [(60, 0), (120, 0), (90, 80), (120, 120)])
 def test_the_replies_echo_is_taken_out_before_the_vad(delay_ms: float, skew_ms: float) -> None:
     mic, clean = run(delay_ms, mark_skew_ms=skew_ms)
     assert voiced_share(mic) > 0.6  # what the VAD heard before: the reply, as speech
@@ -65,3 +66,35 @@ def test_nothing_is_touched_while_no_reply_plays() -> None:
     echo = ServerEcho(make_aec=lambda: pytest.fail("no reply played: no echo canceller is needed"))
     out = np.concatenate([echo.process(audio[i : i + MESSAGE], i / 16.0) for i in range(0, len(audio), MESSAGE)])
     assert np.array_equal(out, audio[: len(out)]) and len(audio) - len(out) < 160
+
+
+class RecordingAec:
+    def __init__(self) -> None:
+        self.far_rms: list[float] = []
+
+    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        self.far_rms.append(float(np.sqrt(np.mean(far**2))))
+        return near
+
+
+def test_the_far_end_follows_the_clients_marks_pause_and_clear() -> None:
+    aec = RecordingAec()
+    echo = ServerEcho(make_aec=lambda: aec)
+    echo.sent(3, np.full(16000 * 3, 0.1, np.float32))  # 3 s of reply audio
+    mic = np.zeros(MESSAGE, np.float32)
+
+    def step(n: int, t_ms: float) -> list[float]:
+        aec.far_rms.clear()
+        for k in range(n):
+            echo.process(mic, t_ms + 20.0 * k)
+        return aec.far_rms
+
+    assert step(5, 0.0) == []  # nothing sent plays yet: the microphone passes untouched
+    echo.played(3, 0.0, 100.0)
+    assert all(r > 0.09 for r in step(10, 100.0))  # it plays from mic time 100 on
+    echo.paused(3, 200.0)
+    assert all(r == 0.0 for r in step(10, 300.0))  # paused (speech over it): no far end, the canceller stays warm
+    echo.played(3, 200.0, 600.0)
+    assert all(r > 0.09 for r in step(10, 600.0))
+    echo.stop()  # cleared: nothing plays, and 1.5 s later the microphone passes untouched again
+    assert all(r == 0.0 for r in step(10, 800.0)) and step(5, 2600.0) == []

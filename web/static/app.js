@@ -326,9 +326,9 @@ function noteTurnAudio(turnId, playedSamples, hfRatio) {
   stats.turnAudio[turnId] = { playedS: player.samplesToMs(playedSamples) / 1000, hfRatio };
 }
 
-function sendMark(turnId, samples) {
+function sendMark(turnId, samples, paused = false) {
   if (turnId === null || turnId === undefined) return;
-  conn.send(playbackMark(turnId, player.samplesToMs(samples)));
+  conn.send(playbackMark(turnId, player.samplesToMs(samples), paused));
   lastMarkAt = performance.now();
 }
 
@@ -368,11 +368,16 @@ for (const type of ["drained", "ended"]) {
   });
 }
 
+// The server's echo canceller follows what plays: a mark where playback pauses, and one where it goes on.
 player.addEventListener("held", (ev) => {
   stats.holds += 1;
   if (pendingCut && pendingCut.heldAt === null) pendingCut.heldAt = ev.detail.at;
+  sendMark(player.state.turnId, player.state.turnPlayed, true);
 });
-player.addEventListener("released", () => (stats.releases += 1));
+player.addEventListener("released", () => {
+  stats.releases += 1;
+  if (player.state.playing) sendMark(player.state.turnId, player.state.turnPlayed);
+});
 
 player.addEventListener("cleared", (ev) => {
   const { at, turnId, playedSamples } = ev.detail;

@@ -26,8 +26,8 @@ export function sessionUpdate({ persona, voice }) {
 
 export const inputText = (text) => ({ type: "input.text", text });
 export const responseCancel = () => ({ type: "response.cancel" });
-export const playbackMark = (turnId, playedMs) => ({
-  type: "playback.mark", turn_id: turnId, played_ms: Math.round(playedMs),
+export const playbackMark = (turnId, playedMs, paused = false) => ({
+  type: "playback.mark", turn_id: turnId, played_ms: Math.round(playedMs), ...(paused ? { paused: true } : {}),
 });
 
 // Server audio: uint32 LE turn_id, uint32 LE seq, then PCM16LE mono at output_sample_rate.
