@@ -19,6 +19,7 @@ from parley import runtime as rt
 from parley.config import AppConfig
 from web.guard import Guard
 from web.metrics import Metrics, scheduler_exposition, stage_counters
+from web.otel.export import Telemetry, llm_facts
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
 from web.ws import handle
@@ -59,6 +60,7 @@ def create_app(
         settings=settings or rt.session_settings(cfg),
         personas=rt.personas(cfg),
         runtime=runtime,
+        telemetry=Telemetry(cfg.observability, llm_facts(cfg)),
     )
     if runtime is not None:
         _check_stages(state.settings, runtime.stages)
@@ -74,6 +76,7 @@ def create_app(
             for session in list(state.sessions.values()):
                 await session.close()
             state.runtime.close()
+            await asyncio.to_thread(state.telemetry.shutdown)  # sends what is queued, within one export timeout
 
     app = FastAPI(title="Parley", lifespan=lifespan)
     app.state.parley = state
@@ -131,6 +134,7 @@ def create_app(
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 
     if cfg.server.openai_api:
