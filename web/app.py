@@ -20,6 +20,7 @@ from parley.config import AppConfig
 from web.guard import Guard
 from web.metrics import Metrics, scheduler_exposition, stage_counters
 from web.otel.export import Telemetry, llm_facts
+from web.otel.requests import RequestSpans
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
 from web.ws import handle
@@ -80,6 +81,8 @@ def create_app(
 
     app = FastAPI(title="Parley", lifespan=lifespan)
     app.state.parley = state
+    if cfg.server.openai_api:
+        app.add_middleware(RequestSpans, telemetry=state.telemetry)  # spans of the stage routes (web.otel.requests)
     listens_on = () if cfg.server.host in ("0.0.0.0", "::", "") else (cfg.server.host,)
     app.add_middleware(Guard, hosts=(*listens_on, *cfg.server.allowed_hosts), token=cfg.server.token)
 

@@ -71,6 +71,11 @@ class Telemetry:
     def enabled(self) -> bool:
         return self._tracer is not None
 
+    @property
+    def tracer(self) -> Any:
+        """The SDK tracer while export is on, else None (web.otel.requests makes its request spans with it)."""
+        return self._tracer
+
     def _start(self) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -90,12 +95,18 @@ class Telemetry:
     # -- from the sessions (event loop; each call only builds spans and queues them) --------------------------
 
     def session_opened(self, session_id: str, **attrs: Any) -> None:
+        """The session's span starts and becomes current in the calling task, whose context every task it starts
+        copies: a remote stage's request made for this session carries its `traceparent` (voice.remote.llm)."""
         if self._tracer is None:
             return
+        from opentelemetry import context
+        from opentelemetry.trace import set_span_in_context
+
         span = self._tracer.start_span("parley.session", start_time=now_ns() + self._offset_ns, attributes={
             "parley.session_id": session_id, "gen_ai.conversation.id": session_id,
             **{f"parley.session.{k}": v for k, v in attrs.items() if v is not None}})  # fmt: skip
         self._sessions[session_id] = span
+        context.attach(set_span_in_context(span))  # never detached: the connection's task ends with the session
 
     def session_closed(self, session_id: str) -> None:
         span = self._sessions.pop(session_id, None)
