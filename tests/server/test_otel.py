@@ -97,7 +97,8 @@ async def test_a_spoken_turn_arrives_as_its_span_tree(live_server, exporting, qu
         assert abs(below[name].duration_ms - want) < 1.0, (name, below[name].duration_ms, trace["stages_ms"][stage])
         assert below[name].attributes.get("parley.stage_ms", trace["stages_ms"][stage]) == trace["stages_ms"][stage]
     marks = trace["marks_ms"]
-    assert abs(turn.duration_ms - max(marks.values())) < 1.0 and abs(llm.start_ns - turn.start_ns - marks["llm_start"] * 1e6) < 1e6
+    assert abs(turn.duration_ms - max(marks.values())) < 1.0
+    assert abs(llm.start_ns - turn.start_ns - marks["llm_start"] * 1e6) < 1e6
     a = llm.attributes
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == llm_facts(live_server.cfg).model
     assert a["gen_ai.usage.input_tokens"] == trace["llm"]["prefill_tokens"] + trace["llm"]["reused_tokens"]

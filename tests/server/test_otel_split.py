@@ -47,8 +47,7 @@ async def test_the_stage_servers_span_is_in_the_sessions_trace(split) -> None:
         done = await c.wait_for("response.done", n=2, timeout_s=180)
         assert done["text"].strip() and not done["interrupted"]
         await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60)
-    receiver.wait(lambda r: any(s.name == "parley.session" for s in r.spans) and any(s.service == "parley-stages" for s in r.spans),
-                  timeout_s=60)  # fmt: skip
+    receiver.wait(lambda r: bool(r.named("parley.session")) and any(s.service == "parley-stages" for s in r.spans), timeout_s=60)
     session = next(s for s in receiver.named("parley.session") if s.attributes["parley.session_id"] == ready["session_id"])
     front_spans = [s for s in receiver.spans if s.service == "parley" and s.trace_id == session.trace_id]
     assert {"parley.session", "parley.turn"} <= {s.name for s in front_spans}

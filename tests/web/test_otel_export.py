@@ -35,7 +35,8 @@ def receiver():
 
 
 def test_a_turn_arrives_as_one_tree_with_the_traces_times(receiver: OtlpReceiver) -> None:
-    tel = Telemetry(ObservabilityConfig(otlp_endpoint=receiver.url, schedule_delay_ms=20, service_name="parley-test"), LLM, env={})
+    cfg = ObservabilityConfig(otlp_endpoint=receiver.url, schedule_delay_ms=20, service_name="parley-test")
+    tel = Telemetry(cfg, LLM, env={})
     tel.session_opened("s1", transport="ws")
     trace = finished_turn(1)
     tel.turn(trace)
@@ -99,7 +100,8 @@ def test_off_by_default_on_with_the_config_or_the_standard_variables() -> None:
     assert export_target(on, {}) == "http://jaeger:4318/v1/traces"
     assert export_target(on, {"OTEL_SDK_DISABLED": "true"}) is None
     assert traces_url("http://tempo:4318/") == "http://tempo:4318/v1/traces"
-    assert traces_url("https://cloud.langfuse.com/api/public/otel/v1/traces") == "https://cloud.langfuse.com/api/public/otel/v1/traces"
+    langfuse = "https://cloud.langfuse.com/api/public/otel/v1/traces"
+    assert traces_url(langfuse) == langfuse
     off_tel = Telemetry.off()
     off_tel.session_opened("s")
     off_tel.turn(finished_turn(1, "s"))

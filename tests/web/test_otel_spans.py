@@ -54,7 +54,8 @@ def test_the_llm_span_carries_the_genai_attributes() -> None:
     a = by_name(turn_spans(voice_trace(), LLM))["chat SmolLM2-135M-Instruct"].attributes
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "SmolLM2-135M-Instruct"
     assert a["gen_ai.provider.name"] == "parley"
-    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.cache_read.input_tokens"], a["gen_ai.usage.output_tokens"]) == (152, 140, 31)
+    usage = (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.cache_read.input_tokens"], a["gen_ai.usage.output_tokens"])
+    assert usage == (152, 140, 31)
     assert a["gen_ai.response.finish_reasons"] == ["stop"]
     assert abs(a["gen_ai.response.time_to_first_chunk"] - 0.065) < 1e-9
 

@@ -54,7 +54,10 @@ class Telemetry:
         self.cfg = cfg
         self.llm = llm
         self.counts = SpanCounts()
-        self.target = export_target(cfg, os.environ if env is None else env)
+        env = os.environ if env is None else env
+        self.target = export_target(cfg, env)
+        # the standard variable names the process when set (one config shared by differently named processes)
+        self.service_name = env.get("OTEL_SERVICE_NAME") or cfg.service_name
         self._sessions: dict[str, Span] = {}
         self._tracer: Any = None
         self._provider: Any = None
@@ -85,7 +88,7 @@ class Telemetry:
         cfg = self.cfg
         exporter = OTLPSpanExporter(endpoint=None if self.target == "env" else self.target, headers=cfg.headers or None,
                                     timeout=cfg.export_timeout_s)  # fmt: skip
-        provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
+        provider = TracerProvider(resource=Resource.create({"service.name": self.service_name}),
                                   sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))  # fmt: skip
         provider.add_span_processor(_bounded_processor(exporter, cfg, self.counts))
         self._provider = provider
@@ -102,9 +105,11 @@ class Telemetry:
         from opentelemetry import context
         from opentelemetry.trace import set_span_in_context
 
-        span = self._tracer.start_span("parley.session", start_time=now_ns() + self._offset_ns, attributes={
-            "parley.session_id": session_id, "gen_ai.conversation.id": session_id,
-            **{f"parley.session.{k}": v for k, v in attrs.items() if v is not None}})  # fmt: skip
+        # a root (an empty context): each conversation is one trace, whatever the caller had current
+        attributes = {"parley.session_id": session_id, "gen_ai.conversation.id": session_id,
+                      **{f"parley.session.{k}": v for k, v in attrs.items() if v is not None}}  # fmt: skip
+        span = self._tracer.start_span("parley.session", context=context.Context(), start_time=now_ns() + self._offset_ns,
+                                       attributes=attributes)  # fmt: skip
         self._sessions[session_id] = span
         context.attach(set_span_in_context(span))  # never detached: the connection's task ends with the session
 
@@ -149,7 +154,7 @@ class Telemetry:
         with c.lock:
             fates = {"exported": c.exported, "dropped": c.dropped, "failed": c.failed}
             waiting = c.waiting
-        lines = ["# HELP parley_otel_spans_total Spans by fate: exported, dropped (queue full), failed (the collector did not take them).",
+        lines = ["# HELP parley_otel_spans_total Spans by fate: exported, dropped (queue full), failed (not taken).",
                  "# TYPE parley_otel_spans_total counter"]  # fmt: skip
         lines += [f'parley_otel_spans_total{{outcome="{k}"}} {v}' for k, v in fates.items()]
         lines += ["# HELP parley_otel_queue_spans Spans waiting for export (bounded by observability.max_queue_spans).",

@@ -85,7 +85,8 @@ def turn_spans(trace: TurnTrace, llm: LlmFacts, include_text: bool = False) -> S
     attrs.update(_flat("parley.context", info.get("context")))
     events: list[SpanEvent] = []
     if "joins" in info:  # this turn continues an earlier request (rejoin)
-        events.append(SpanEvent("parley.rejoin", marks.get("speech_start", min(marks.values())), {"parley.turn.joins": info["joins"]}))
+        at_ns = marks.get("speech_start", min(marks.values()))
+        events.append(SpanEvent("parley.rejoin", at_ns, {"parley.turn.joins": info["joins"]}))
     if "joined_into" in info:
         events.append(SpanEvent("parley.joined_into", max(marks.values()), {"parley.turn.joined_into": info["joined_into"]}))
     if "playback_start" in marks:
