@@ -10,7 +10,7 @@ import pytest
 from bench import corpus
 from parley.config import AppConfig
 from server_config import TOKEN
-from support.otlp_receiver import OtlpReceiver
+from bench._otlp import OtlpReceiver
 from web.app import create_app
 from web.otel.export import Telemetry, llm_facts
 from ws_client import Client

@@ -9,7 +9,7 @@ import pytest
 
 from server_config import TOKEN
 from server_process import ServerProcess
-from support.otlp_receiver import OtlpReceiver
+from bench._otlp import OtlpReceiver
 from ws_client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from parley.config import ObservabilityConfig
-from support.otlp_receiver import OtlpReceiver
+from bench._otlp import OtlpReceiver
 from voice.trace import TurnTrace
 from web.otel.export import Telemetry, export_target, traces_url
 from web.otel.spans import LlmFacts

@@ -1,5 +1,6 @@
-"""A real OTLP/HTTP trace receiver for tests: a loopback HTTP server that decodes each ExportTraceServiceRequest
-with opentelemetry-proto and keeps the spans; in `hang` mode it reads requests and never answers."""
+"""A real OTLP/HTTP trace receiver for the tests and `bench.e2e --otlp`: a loopback HTTP server that decodes each
+ExportTraceServiceRequest with opentelemetry-proto and keeps the spans; in `hang` mode it reads requests and never
+answers (a collector that is stuck)."""
 from __future__ import annotations
 
 import threading
