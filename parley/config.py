@@ -1,6 +1,6 @@
 """Config files -> frozen, validated config objects.
 
-Reads parley/configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
 personas it names and checks cross-references (persona voice, default persona). Every problem
 becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
 """
@@ -15,7 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voice.trace import STAGES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+def shipped_configs() -> Path:
+    """The shipped configs/ folder: inside the installed package (the wheel maps the top-level configs/ to
+    parley/configs), else the checkout's top level."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if (installed / "default.yaml").is_file() else here.parent / "configs"
+
+
+DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
@@ -177,6 +186,14 @@ class ServerConfig(_Strict):
         return v
 
 
+class TwilioConfig(_Strict):
+    """Phone calls through Twilio Media Streams (web.twilio, web.twilio_voice)."""
+
+    auth_token_env: str | None = None  # the variable holding the account's auth token; set: signatures are checked
+    public_url: str | None = Field(None, pattern=r"^https://")  # the server as Twilio reaches it (what it signs)
+    persona: str | None = None  # who answers the phone (default: default_persona)
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -210,6 +227,7 @@ class AppConfig(_Strict):
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    twilio: TwilioConfig = TwilioConfig()
     voices: dict[str, VoiceConfig]
     personas: tuple[str, ...]
     personas_dir: str = "personas"
@@ -306,4 +324,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         defs[name] = load_persona(file, cfg.voices)
     if cfg.default_persona not in defs:
         raise ConfigError(f"{cfg_path}: default_persona: {cfg.default_persona!r} is not in personas {list(cfg.personas)}")
+    if cfg.twilio.persona is not None and cfg.twilio.persona not in defs:
+        raise ConfigError(f"{cfg_path}: twilio.persona: {cfg.twilio.persona!r} is not in personas {list(cfg.personas)}")
     return cfg.model_copy(update={"persona_defs": defs, "source_file": str(cfg_path)})

@@ -12,6 +12,8 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from voice.stages import SessionSettings, Stages
@@ -23,12 +25,15 @@ from web.otel.export import Telemetry, llm_facts
 from web.otel.requests import RequestSpans
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
+from web.twilio import handle_twilio
+from web.twilio_voice import voice_webhook
 from web.ws import handle
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
-_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.")
+_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.",
+                 "TwilioCall.")
 
 
 def _session_tasks() -> int:
@@ -152,6 +157,14 @@ def create_app(
     @app.websocket("/v1/realtime")
     async def realtime_endpoint(ws: WebSocket) -> None:
         await handle_realtime(ws, state)
+
+    @app.post("/twilio/voice")
+    async def twilio_voice(request: Request) -> Response:
+        return await voice_webhook(request, cfg)
+
+    @app.websocket("/twilio/stream")
+    async def twilio_stream(ws: WebSocket) -> None:
+        await handle_twilio(ws, state)
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
