@@ -194,6 +194,18 @@ class TwilioConfig(_Strict):
     persona: str | None = None  # who answers the phone (default: default_persona)
 
 
+class IceServer(_Strict):
+    """A STUN or TURN server for WebRTC (docs/deploy.md, Behind TURN)."""
+
+    urls: tuple[str, ...] = Field(min_length=1)  # stun:host:3478, turn:host:3478?transport=udp, turns:host:5349
+    username: str | None = None
+    credential_env: str | None = None  # the variable holding the TURN password (never the password in a file)
+
+
+class WebRtcConfig(_Strict):
+    ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -228,6 +240,7 @@ class AppConfig(_Strict):
     server: ServerConfig = ServerConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     twilio: TwilioConfig = TwilioConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
     voices: dict[str, VoiceConfig]
     personas: tuple[str, ...]
     personas_dir: str = "personas"

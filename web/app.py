@@ -166,6 +166,20 @@ def create_app(
     async def twilio_stream(ws: WebSocket) -> None:
         await handle_twilio(ws, state)
 
+    webrtc_calls: set[asyncio.Task[None]] = set()
+
+    @app.post("/webrtc/offer")
+    async def webrtc_offer(request: Request) -> Response:
+        from web.webrtc import offer  # aiortc loads at the first call (~0.5 s), not with every server
+
+        return await offer(request, state, webrtc_calls)
+
+    @app.get("/webrtc/config")
+    async def webrtc_config() -> dict[str, Any]:
+        from web.webrtc import ice_servers
+
+        return {"ice_servers": ice_servers(cfg), "channel": "parley"}
+
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
     return app
