@@ -106,6 +106,10 @@ def create_app(
             body["capacity"] = state.admission().capacity or cfg.server.max_sessions
             body["queue_wait_p95_ms"] = state.runtime.stages.runner.recent_wait_ms()  # what users waited for, last 10 s
             body["v2v_p95_ms"] = state.metrics.recent_v2v_p95()  # the turns of the last 30 s
+            if cfg.server.admit_cost_model:  # committed work in cores, of how many (web.capacity)
+                cost = state.cost_model()
+                body["committed_cores"] = round(cost.committed(state.session_loads()), 3)
+                body["cores"] = cost.cores
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)
