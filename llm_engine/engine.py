@@ -100,6 +100,7 @@ class Engine:
         self.cancelled_prefills = 0  # requests cancelled before their prompt was through (queued, or part-way)
         self.pins = PrefixPins()  # system prompts' keys and values, outside the slots (a persona's prefix)
         self.busy_s: dict[str, float] = {}  # session -> its share of step seconds (admission's cost model)
+        self.busy_total_s = 0.0  # seconds of steps in all
         self.speculation: SoloSpeculation | None = None
         if draft is not None:
             from llm_engine.solo_speculation import SoloSpeculation
@@ -328,6 +329,7 @@ class Engine:
     def _charge(self, jobs: list[_Job], wall_s: float) -> None:
         """A forward's wall time, shared by the sessions in it: each one's share of the engine (the one serial
         resource every session shares; its thread team only spreads a step). Anonymous requests are not kept."""
+        self.busy_total_s += wall_s
         for job in jobs:
             if not job.req.share_prefix:
                 session = job.req.session_id

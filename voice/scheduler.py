@@ -124,6 +124,7 @@ class StageScheduler:
         self._closed = False
         self.stats = WaitStats()
         self.busy_s: dict[str, float] = {}  # key (a session) -> worker-seconds its jobs took (admission's cost model)
+        self.stage_busy_s: dict[str, float] = {}  # stage -> worker-seconds in all (/metrics: where the time goes)
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(policy.workers)
         ]
@@ -243,6 +244,7 @@ class StageScheduler:
                     for e in entries:
                         self._queue.finish(e.job)
                         self.busy_s[e.job.key] = self.busy_s.get(e.job.key, 0.0) + share_s
+                        self.stage_busy_s[e.job.stage] = self.stage_busy_s.get(e.job.stage, 0.0) + share_s
                     self._note_depth()
                     self._cond.notify_all()
 

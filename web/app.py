@@ -20,7 +20,7 @@ from voice.stages import SessionSettings, Stages
 from parley import runtime as rt
 from parley.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics, scheduler_exposition, stage_counters
+from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
 from web.twilio import handle_twilio
@@ -139,6 +139,7 @@ def create_app(
             gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
+            counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 
