@@ -198,6 +198,18 @@ class TwilioConfig(_Strict):
     persona: str | None = None  # who answers the phone (default: default_persona)
 
 
+class IceServer(_Strict):
+    """A STUN or TURN server for WebRTC (docs/deploy.md, Behind TURN)."""
+
+    urls: tuple[str, ...] = Field(min_length=1)  # stun:host:3478, turn:host:3478?transport=udp, turns:host:5349
+    username: str | None = None
+    credential_env: str | None = None  # the variable holding the TURN password (never the password in a file)
+
+
+class WebRtcConfig(_Strict):
+    ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -209,13 +221,30 @@ class Persona(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
 
 
+class ObservabilityConfig(_Strict):
+    """OpenTelemetry export of every turn (docs/observability.md). Off unless an endpoint is set here or in the
+    standard OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables."""
+
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")  # e.g. http://jaeger:4318 (/v1/traces is added)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with each export (e.g. a Langfuse auth header)
+    service_name: str = "parley"
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # share of sessions whose spans are kept
+    include_text: bool = False  # transcripts and replies as span attributes (off: timings and counts only)
+    max_queue_spans: int = Field(2048, ge=1)  # spans waiting for export; past it new ones are dropped and counted
+    max_export_batch: int = Field(512, ge=1)
+    schedule_delay_ms: float = Field(1000.0, gt=0)  # how long a batch may wait before it is sent
+    export_timeout_s: float = Field(10.0, gt=0)  # one export request's limit (a collector that never answers)
+
+
 class AppConfig(_Strict):
     models: ModelsConfig = ModelsConfig()
     vad: VadConfig = VadConfig()
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     twilio: TwilioConfig = TwilioConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
     voices: dict[str, VoiceConfig]
     personas: tuple[str, ...]
     personas_dir: str = "personas"

@@ -21,6 +21,8 @@ from parley import runtime as rt
 from parley.config import AppConfig
 from web.guard import Guard
 from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
+from web.otel.export import Telemetry, llm_facts
+from web.otel.requests import RequestSpans
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
 from web.twilio import handle_twilio
@@ -64,6 +66,7 @@ def create_app(
         settings=settings or rt.session_settings(cfg),
         personas=rt.personas(cfg),
         runtime=runtime,
+        telemetry=Telemetry(cfg.observability, llm_facts(cfg)),
     )
     if runtime is not None:
         _check_stages(state.settings, runtime.stages)
@@ -79,9 +82,12 @@ def create_app(
             for session in list(state.sessions.values()):
                 await session.close()
             state.runtime.close()
+            await asyncio.to_thread(state.telemetry.shutdown)  # sends what is queued, within one export timeout
 
     app = FastAPI(title="Parley", lifespan=lifespan)
     app.state.parley = state
+    if cfg.server.openai_api:
+        app.add_middleware(RequestSpans, telemetry=state.telemetry)  # spans of the stage routes (web.otel.requests)
     listens_on = () if cfg.server.host in ("0.0.0.0", "::", "") else (cfg.server.host,)
     app.add_middleware(Guard, hosts=(*listens_on, *cfg.server.allowed_hosts), token=cfg.server.token)
 
@@ -141,6 +147,7 @@ def create_app(
             counters = stage_counters(state.runtime.stages.llm)
             counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 
     if cfg.server.openai_api:
@@ -163,6 +170,20 @@ def create_app(
     @app.websocket("/twilio/stream")
     async def twilio_stream(ws: WebSocket) -> None:
         await handle_twilio(ws, state)
+
+    webrtc_calls: set[asyncio.Task[None]] = set()
+
+    @app.post("/webrtc/offer")
+    async def webrtc_offer(request: Request) -> Response:
+        from web.webrtc import offer  # aiortc loads at the first call (~0.5 s), not with every server
+
+        return await offer(request, state, webrtc_calls)
+
+    @app.get("/webrtc/config")
+    async def webrtc_config() -> dict[str, Any]:
+        from web.webrtc import ice_servers
+
+        return {"ice_servers": ice_servers(cfg), "channel": "parley"}
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")

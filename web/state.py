@@ -11,9 +11,11 @@ from parley.config import AppConfig
 from parley.thread_budget import available_cores
 from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from voice.trace import TurnTrace
 from web.admission import Admission
 from web.capacity import CostModel, LoadMeter, Refusal
 from web.metrics import Metrics
+from web.otel.export import Telemetry
 
 
 @dataclass
@@ -28,6 +30,7 @@ class AppState:
     pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
     live: set[Any] = field(default_factory=set)  # every ws.Connection
     meter: LoadMeter = field(default_factory=LoadMeter)  # each session's measured load (admission's cost model)
+    telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
 
     @property
     def stages(self) -> Stages:
@@ -39,6 +42,11 @@ class AppState:
         cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
         return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms,
                                      server.admit_v2v_ratio, self.cfg.budgets_ms.get("voice_to_voice"))  # fmt: skip
+
+    def record_turn(self, trace: TurnTrace) -> None:
+        """A finished turn: /metrics, /api/traces and the trace log, and its spans when export is on."""
+        self.metrics.record_trace(trace.to_dict())
+        self.telemetry.turn(trace)
 
     def drop_session(self, session_id: str) -> None:
         """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""

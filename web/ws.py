@@ -154,6 +154,7 @@ class Connection:
             if self.session is not None:
                 self.state.drop_session(self.session_id)
                 await self.session.close()
+                self.state.telemetry.session_closed(self.session_id)  # after close: its held traces are in
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
             self._finished.set()
@@ -264,6 +265,7 @@ class Connection:
         self.input_rate = msg.sample_rate
         st.sessions[self.session_id] = session
         st.pending.pop(self, None)
+        st.telemetry.session_opened(self.session_id, transport="ws", persona=session.persona_name, voice=session.voice_name)
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
 
@@ -284,7 +286,7 @@ class Connection:
         }
 
     def _on_trace(self, trace: TurnTrace) -> None:
-        self.state.metrics.record_trace(trace.to_dict())
+        self.state.record_turn(trace)
 
     def _error(self, code: str, message: str, *, fatal: bool = False, **extra: object) -> None:
         self.outbox.send("error", code=code, message=message, fatal=fatal, **extra)
