@@ -212,3 +212,14 @@ def test_interruptions_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     for o in by_family["real"]:  # "Wait, stop." and a request spoken over the echo: stopped, and answered
         assert o["stopped"] and o["turns_opened"] >= 1 and o["decision_ms"] > 0 and o["answered"], outcomes
     assert "replies stopped" in proc.stdout and "| echo | 1 | 0 | 0 |" in proc.stdout
+def test_load_churn_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    """Two users arriving by the seeded Poisson process, one question each, then leaving."""
+    out = tmp_path / "churn.json"
+    proc = run_script("load", "--churn", "--tiny", "--server", real_server.url, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["arrivals"] == 2 and r["refused"] + r["errors"] == 0 and r["turns"] == 2, r["error_list"]
+    assert r["v2v_p95"] >= r["v2v_median"] > 0 and 1 <= r["open_max"] <= 2
+    assert r["greetings_synthesised"] + r["greetings_reused"] >= 2  # each user heard the greeting (concise has one)
+    assert r["busy_s"]["llm"] > 0 and r["busy_s"]["asr"] > 0 and r["busy_s"]["tts"] > 0  # /metrics: where time went
+    assert all(column in proc.stdout for column in ("Churn", "greetings synth/replayed", "open mean/max"))
