@@ -133,9 +133,16 @@ class Speakerphone:
             await conn.close()
         return self._outcome()
 
+    def _received(self, turn: int) -> np.ndarray:
+        """All of a turn's audio received so far (joined once per new piece, not once per frame)."""
+        pieces = self.audio[turn]
+        if len(pieces) > 1:
+            pieces[:] = [np.concatenate(pieces)]
+        return pieces[0]
+
     def _playing(self) -> int | None:
         for turn in sorted(self.audio):
-            if turn not in self.cleared and self.pos.get(turn, 0) < sum(map(len, self.audio[turn])):
+            if turn not in self.cleared and self.pos.get(turn, 0) < len(self._received(turn)):
                 return turn
         return None
 
@@ -151,7 +158,7 @@ class Speakerphone:
             turn = None if self.held else self._playing()
             out = np.zeros(FRAME, np.float32)
             if turn is not None:  # the loudspeaker plays the next 20 ms of the reply
-                audio = np.concatenate(self.audio[turn])
+                audio = self._received(turn)
                 p = self.pos.get(turn, 0)
                 out[: len(audio[p : p + FRAME])] = audio[p : p + FRAME]
                 self.pos[turn] = p + FRAME
