@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._server import ServerProcess
+from bench.parley_process import ParleyProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_e2e_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out, chart = tmp_path / "e2e.json", tmp_path / "e2e.png"
     proc = run_script("e2e", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -42,7 +42,7 @@ def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert "voice_to_voice" in proc.stdout and "Transcript WER" in proc.stdout
 
 
-def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_load_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     proc = run_script("load", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -137,7 +137,7 @@ def test_turns_tiny(tmp_path: Path) -> None:
     assert "End-of-turn detectors" in proc.stdout
 
 
-def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
     out = tmp_path / "soak.json"
     proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))

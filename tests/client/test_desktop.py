@@ -56,7 +56,7 @@ def test_device_chosen_by_name_or_index(monkeypatch) -> None:  # type: ignore[no
 def test_parley_client_command_fails_with_one_clear_line() -> None:
     """The real command, on this machine's sound devices: no device, or no server at the address, is one clear line
     and exit 1 (which of the two depends on the machine; both are checked by what it has)."""
-    proc = subprocess.run([sys.executable, "-m", "parley.cli", "client", "--server", "127.0.0.1:9"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "client", "--server", "127.0.0.1:9"], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     if "Hint" in client_cli.list_devices_text():  # no sound card (CI, containers)

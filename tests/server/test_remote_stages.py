@@ -79,7 +79,7 @@ async def test_a_spoken_question_through_remote_stages_and_a_stage_server_that_g
         trace = await c.wait_for("turn.trace", turn_id=final["turn_id"])
         assert trace["stages_ms"]["llm_ttft"] > 0 and "asr" in trace["stages_ms"]  # the remote stages, timed
 
-        stages.stop()  # the LLM's stage server dies mid-session
+        stages.kill()  # the LLM's stage server dies mid-session
         await c.stream(spoken(corpus.REQUESTS[1]))
         error = await c.wait_for("error", timeout_s=120)
         assert error["code"] in ("stage_failed", "reply_failed") and not error["fatal"]

@@ -17,9 +17,9 @@ from types import FrameType
 import uvicorn
 
 from parley import runtime as rt
-from web.app import create_app
 from parley.config import AppConfig
 from parley.locate import ModelNotFound
+from web.app import create_app
 from web.transport import RepeatFilter, guarded_h11, raise_fd_limit
 from web.ws import drain
 
