@@ -63,7 +63,7 @@ def serve(cfg: AppConfig, *, stages_only: bool = False) -> int:
     print("Parley: loading models ...", flush=True)
     t0 = time.perf_counter()
     try:
-        runtime = rt.load_and_warm(cfg, cfg.server.stages if stages_only else rt.ALL_STAGES)
+        runtime = rt.load_and_warm(cfg, cfg.server.stages if stages_only else rt.ALL_STAGES, sessions=not stages_only)
     except ModelNotFound as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 1
