@@ -47,8 +47,8 @@ class ReplyHost(Protocol):
         """Run `fn(*args)` as background work of the session."""
         ...
 
-    async def warm_prompt(self) -> None:
-        """The prompt so far into the session's cache."""
+    def rewarm(self) -> None:
+        """The prompt as it is now into the session's cache, superseding a warm-up not finished yet."""
         ...
 
     def reply_done(self, turn_id: int) -> None:
