@@ -1,6 +1,6 @@
 """Config files -> frozen, validated config objects.
 
-Reads parley/configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
 personas it names and checks cross-references (persona voice, default persona). Every problem
 becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
 """
@@ -15,7 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voice.trace import STAGES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+def shipped_configs() -> Path:
+    """The shipped configs/ folder: inside the installed package (the wheel maps the top-level configs/ to
+    parley/configs), else the checkout's top level."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if (installed / "default.yaml").is_file() else here.parent / "configs"
+
+
+DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
