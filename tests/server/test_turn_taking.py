@@ -80,6 +80,7 @@ async def test_a_request_with_a_pause_in_the_middle_is_one_turn(live_server, mon
         pause_ms = pause_for(slow, vad, pause_ms)
     else:
         pytest.fail(f"this machine's end-of-turn checks are too slow for any pause tried: {too_slow(tries)}")
+    print(f"\npause {pause_ms:.0f} ms" + (f" (too short before: {too_slow(tries)})" if tries else ""))
     assert len(c.of("vad.speech_started")) == 1 and len(finals) == 1, (pause_ms, c.types())
     assert corpus.wer(f"{first} {second}", finals[0]["text"]) <= 0.25, finals[0]["text"]
     checks = trace["turn"]["checks"]
@@ -128,6 +129,8 @@ async def test_speech_soon_after_an_early_endpoint_joins_the_request(live_server
         async with Client(live_server.ws_url()) as c:
             await converse(c, np.concatenate([corpus.silence(LEAD_MS), first, corpus.silence(pause_ms), second]))
             if len(c.of("vad.speech_started")) > 1:  # an early endpoint: the first half's check answered in the pause
+                if tries:
+                    print(f"\ntoo short before: {too_slow(tries)}")
                 await _joined(c, len(first), pause_ms)
                 return
             whole = await c.wait_for("turn.trace", turn_id=c.of("transcript.final")[-1]["turn_id"])
