@@ -246,13 +246,13 @@ def test_phone_screen_fits_and_keyboard_reaches_every_control(launch, mock) -> N
     open_page(page, mock)
     page.wait_for_function("!document.querySelector('#send').disabled")  # enabled once the session is ready
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
-    for label in ("Persona", "Voice", "Type a message"):
+    for label in ("Persona", "Voice", "Link", "Type a message"):
         assert page.get_by_label(label).count() == 1
     order = []
     page.focus("body")
-    for _ in range(6):
+    for _ in range(7):
         page.keyboard.press("Tab")
         order.append(page.evaluate("document.activeElement.id"))
-    assert order[:5] == ["start", "persona", "voice", "text", "send"], order
+    assert order[:6] == ["start", "persona", "voice", "transport", "text", "send"], order
     assert page.get_attribute("#partial", "aria-live") == "polite"
     assert page.get_attribute("#error", "role") == "alert"
