@@ -20,7 +20,7 @@ def call_constraint(tools: Sequence[ToolSpec], choice: str, *, parallel: bool = 
     """tool_choice "none" | "auto" | "required" | a tool's name -> the reply's grammar (None: free text).
 
     auto: free text until the model writes the call marker, then the call grammar from there; required or a name:
-    the call grammar from the first token. Raises GrammarError (a schema the library cannot compile) or
+    the call grammar from the first token (a name: exactly one call). parallel: up to MAX_CALLS calls in a reply. Raises GrammarError (a schema the library cannot compile) or
     ValueError (a name that is no tool).
     """
     if choice == "none" or not tools:
@@ -31,7 +31,7 @@ def call_constraint(tools: Sequence[ToolSpec], choice: str, *, parallel: bool = 
         named = [t for t in tools if t.name == choice]
         if not named:
             raise ValueError(f"tool_choice names {choice!r}, which is not among the tools ({', '.join(t.name for t in tools)})")
-        tools = named
+        tools, parallel = named, False  # a named function: that one call (OpenAI's "call this function")
     bodies = []
     for t in tools:
         try:
