@@ -1,6 +1,6 @@
 """Config files -> frozen, validated config objects.
 
-Reads parley/configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
 personas it names and checks cross-references (persona voice, default persona). Every problem
 becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
 """
@@ -15,7 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voice.trace import STAGES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+def shipped_configs() -> Path:
+    """The shipped configs/ folder: inside the installed package (the wheel maps the top-level configs/ to
+    parley/configs), else the checkout's top level."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if (installed / "default.yaml").is_file() else here.parent / "configs"
+
+
+DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
@@ -177,6 +186,26 @@ class ServerConfig(_Strict):
         return v
 
 
+class TwilioConfig(_Strict):
+    """Phone calls through Twilio Media Streams (web.twilio, web.twilio_voice)."""
+
+    auth_token_env: str | None = None  # the variable holding the account's auth token; set: signatures are checked
+    public_url: str | None = Field(None, pattern=r"^https://")  # the server as Twilio reaches it (what it signs)
+    persona: str | None = None  # who answers the phone (default: default_persona)
+
+
+class IceServer(_Strict):
+    """A STUN or TURN server for WebRTC (docs/deploy.md, Behind TURN)."""
+
+    urls: tuple[str, ...] = Field(min_length=1)  # stun:host:3478, turn:host:3478?transport=udp, turns:host:5349
+    username: str | None = None
+    credential_env: str | None = None  # the variable holding the TURN password (never the password in a file)
+
+
+class WebRtcConfig(_Strict):
+    ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -194,6 +223,8 @@ class AppConfig(_Strict):
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()
+    twilio: TwilioConfig = TwilioConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
     voices: dict[str, VoiceConfig]
     personas: tuple[str, ...]
     personas_dir: str = "personas"
@@ -290,4 +321,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         defs[name] = load_persona(file, cfg.voices)
     if cfg.default_persona not in defs:
         raise ConfigError(f"{cfg_path}: default_persona: {cfg.default_persona!r} is not in personas {list(cfg.personas)}")
+    if cfg.twilio.persona is not None and cfg.twilio.persona not in defs:
+        raise ConfigError(f"{cfg_path}: twilio.persona: {cfg.twilio.persona!r} is not in personas {list(cfg.personas)}")
     return cfg.model_copy(update={"persona_defs": defs, "source_file": str(cfg_path)})

@@ -108,7 +108,9 @@ class Replies:
                 if not greeting:
                     s.apply(s.turns.reply_ended(a.turn_id, interrupted=False))
                     return
-                self._launch(self._reply_for(a.turn_id, None), _fixed(greeting), None)
+                reply = self._reply_for(a.turn_id, None)
+                reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
+                self._launch(reply, _fixed(greeting), None)
                 return
             assert a.text is not None and trace is not None
             joins = trace.info.get("joins")
@@ -169,7 +171,7 @@ class Replies:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
             if s.settings.warm_prompt:
                 with suppress(RuntimeError):  # the task group is shutting down: the session is closing
-                    s.spawn(s.warm_prompt)
+                    s.rewarm()
         s.apply(s.turns.reply_ended(reply.turn_id, interrupted))
         if trace is not None:
             trace.mark("interrupted" if interrupted else "done")

@@ -17,6 +17,7 @@ import numpy as np
 from voice.audio import float_to_pcm16, resample
 from voice.chunker import PhraseChunker
 from voice.outbox import Outbox
+from voice.phrase_audio import PhraseAudioCache
 from voice.scheduler import StageRunner
 from voice.stage_queue import Priority
 from voice.trace import TurnTrace
@@ -100,6 +101,7 @@ class Reply:
     audio_lead_ms: float = 1000.0  # how far audio may run ahead of real-time playback (bounds what a clear drops)
     runner: StageRunner | None = None  # the shared-stage scheduler the syntheses run on (None: a thread each)
     key: str = ""  # the session, for the scheduler
+    phrase_cache: PhraseAudioCache | None = None  # fixed words (a greeting): their audio is reused, made once
     text: str = ""
     spans: list[PhraseSpan] = field(default_factory=list)
     queued_ms: float = 0.0  # reply audio handed to the outbox
@@ -171,6 +173,15 @@ class Reply:
         """The phrase's audio at the output rate, synthesized in a worker thread (voice.tts_stream)."""
         assert self.voice is not None
         tts = self.voice.tts
+        memo = self.phrase_cache
+        key = None if memo is None else memo.key(phrase, tts, self.voice.speaker, self.speaking_rate, self.output_sample_rate)
+        if memo is not None and key is not None and (cached := memo.get(key)) is not None:
+            for chunk in cached:
+                if self.trace is not None:
+                    self.trace.mark("tts_first_audio")
+                yield chunk
+            return
+        made: list[np.ndarray] = []
         first = len(self.spans) == 1
         chunks = synthesize_async(
             tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work, name=f"tts-turn{self.turn_id}",
@@ -181,7 +192,12 @@ class Reply:
             async for chunk in chunks:
                 if self.trace is not None:
                     self.trace.mark("tts_first_audio")
-                yield resample(chunk, tts.sample_rate, self.output_sample_rate)
+                out = resample(chunk, tts.sample_rate, self.output_sample_rate)
+                if memo is not None:
+                    made.append(out)
+                yield out
+        if memo is not None and key is not None:
+            memo.put(key, made)  # reached only when the synthesis ran to its end
 
     def _first_wait(self, wait_ms: float) -> None:
         if self.trace is not None:

@@ -12,6 +12,8 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from voice.stages import SessionSettings, Stages
@@ -21,12 +23,15 @@ from web.guard import Guard
 from web.metrics import Metrics, scheduler_exposition, stage_counters
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
+from web.twilio import handle_twilio
+from web.twilio_voice import voice_webhook
 from web.ws import handle
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
-_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.")
+_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.",
+                 "TwilioCall.")
 
 
 def _session_tasks() -> int:
@@ -145,6 +150,28 @@ def create_app(
     @app.websocket("/v1/realtime")
     async def realtime_endpoint(ws: WebSocket) -> None:
         await handle_realtime(ws, state)
+
+    @app.post("/twilio/voice")
+    async def twilio_voice(request: Request) -> Response:
+        return await voice_webhook(request, cfg)
+
+    @app.websocket("/twilio/stream")
+    async def twilio_stream(ws: WebSocket) -> None:
+        await handle_twilio(ws, state)
+
+    webrtc_calls: set[asyncio.Task[None]] = set()
+
+    @app.post("/webrtc/offer")
+    async def webrtc_offer(request: Request) -> Response:
+        from web.webrtc import offer  # aiortc loads at the first call (~0.5 s), not with every server
+
+        return await offer(request, state, webrtc_calls)
+
+    @app.get("/webrtc/config")
+    async def webrtc_config() -> dict[str, Any]:
+        from web.webrtc import ice_servers
+
+        return {"ice_servers": ice_servers(cfg), "channel": "parley"}
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
