@@ -172,6 +172,10 @@ class ServerConfig(_Strict):
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
+    # admission from committed work (web.capacity): each session's measured load in cores (engine steps,
+    # recognition, synthesis) plus a newcomer's (a heavy session: 1 / sessions_per_core cores) against the cores;
+    # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
+    admit_cost_model: bool = True
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
     # `parley serve` loads every stage its sessions use, whatever this says
@@ -217,12 +221,28 @@ class Persona(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
 
 
+class ObservabilityConfig(_Strict):
+    """OpenTelemetry export of every turn (docs/observability.md). Off unless an endpoint is set here or in the
+    standard OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables."""
+
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")  # e.g. http://jaeger:4318 (/v1/traces is added)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with each export (e.g. a Langfuse auth header)
+    service_name: str = "parley"
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # share of sessions whose spans are kept
+    include_text: bool = False  # transcripts and replies as span attributes (off: timings and counts only)
+    max_queue_spans: int = Field(2048, ge=1)  # spans waiting for export; past it new ones are dropped and counted
+    max_export_batch: int = Field(512, ge=1)
+    schedule_delay_ms: float = Field(1000.0, gt=0)  # how long a batch may wait before it is sent
+    export_timeout_s: float = Field(10.0, gt=0)  # one export request's limit (a collector that never answers)
+
+
 class AppConfig(_Strict):
     models: ModelsConfig = ModelsConfig()
     vad: VadConfig = VadConfig()
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     twilio: TwilioConfig = TwilioConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
     voices: dict[str, VoiceConfig]

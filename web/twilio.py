@@ -109,6 +109,7 @@ class TwilioCall:
             if self.session is not None:
                 self.state.drop_session(self.session_id)
                 await self.session.close()
+                self.state.telemetry.session_closed(self.session_id)
             self.state.metrics.session_closed()
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
@@ -177,10 +178,12 @@ class TwilioCall:
         params = event.start.custom_parameters
         persona = params.get("persona") or st.cfg.twilio.persona or st.cfg.default_persona
         self.session = Session(self.session_id, st.stages, settings, st.personas, persona, params.get("voice"),
-                               outbox=self.outbox, on_trace=lambda t: st.metrics.record_trace(t.to_dict()))  # fmt: skip
+                               outbox=self.outbox, on_trace=st.record_turn)  # fmt: skip
         self.stream_sid = event.start.stream_sid or event.stream_sid
         st.sessions[self.session_id] = self.session
         st.pending.pop(self, None)
+        st.telemetry.session_opened(self.session_id, transport="twilio", persona=self.session.persona_name,
+                                    voice=self.session.voice_name)  # fmt: skip
         log.info("twilio %s: call %s, stream %s", self.session_id, event.start.call_sid, self.stream_sid)
         self._tg.create_task(self.session.run(), name=f"parley:{self.session_id}:session")
 

@@ -21,6 +21,16 @@ from voice.remote.client import RemoteSpec
 _REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
 
 
+def _trace_headers() -> dict[str, str]:
+    """The current OpenTelemetry context as `traceparent` (empty when no span is current, or export is off), so the
+    stage server's span joins the caller's trace (docs/observability.md)."""
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
 class RemoteCall:
     """One request's events: LlmToken... then one LlmFinish or LlmError; `aclose()` closes the stream."""
 
@@ -80,6 +90,7 @@ class RemoteLlm:
             stream = await self._client().chat.completions.create(
                 model=self.spec.model, messages=[{"role": r, "content": c} for r, c in messages], max_tokens=max_tokens,
                 temperature=temperature, seed=seed, user=session_id, stream=True, stream_options={"include_usage": True},
+                extra_headers=_trace_headers(),
             )  # fmt: skip
             async with stream:  # leaving closes the response: the server takes it as a cancel
                 async for chunk in stream:

@@ -23,6 +23,7 @@ from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from web.openai_api import tools as wire_tools
 from web.openai_api.schema import ApiError, ChatRequest, Message, require_stage
+from web.otel.requests import annotate_chat
 from parley.runtime import Runtime
 
 SESSION_HEADER = "x-parley-session"
@@ -118,6 +119,7 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
                     raise ApiError(500, f"generation failed: {event.message}", type="server_error")
                 else:
                     fin = event
+        annotate_chat(head["model"], fin)
         if fin.reason == "context" and fin.generated_tokens == 0:
             raise ApiError(400, f"messages: the last message alone is longer than the context ({engine.max_seq_len} "
                            "tokens, less room for the reply)", param="messages", code="context_length_exceeded")  # fmt: skip
@@ -157,6 +159,7 @@ async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool, tools: 
             else:
                 for delta in filter(None, map(wire_tools.stream_delta, parser.close() if parser else [])):
                     yield chunk(delta)
+                annotate_chat(head["model"], event)
                 called = parser is not None and bool(parser.calls) and event.reason == "stop"
                 yield chunk({}, "tool_calls" if called else _FINISH[event.reason])
                 if include_usage:

@@ -86,7 +86,7 @@ class RealtimeConnection:
         self.base = state.settings
         settings = replace(state.settings, output_sample_rate=RATE, greet=False)  # OpenAI's rate; no greeting
         self.session = Session(self.session_id, state.stages, settings, state.personas, state.cfg.default_persona,
-                               outbox=self.outbox, on_trace=lambda t: state.metrics.record_trace(t.to_dict()))  # fmt: skip
+                               outbox=self.outbox, on_trace=state.record_turn)  # fmt: skip
         self.translator = Translator()
         self.wire_audio = WireAudio()  # audio/pcm, or G.711 (audio/pcmu, audio/pcma), each way
         self.rate = RateLimiter(self.limits.max_messages_per_s)
@@ -101,6 +101,7 @@ class RealtimeConnection:
         st = self.state
         st.sessions[self.session_id] = self.session
         st.metrics.session_opened()
+        st.telemetry.session_opened(self.session_id, transport="realtime", model=self.model)
         self._native({"type": "session.created", "session": self._wire()})
         try:
             async with asyncio.TaskGroup() as tg:
@@ -116,6 +117,7 @@ class RealtimeConnection:
             for task in self._tasks:
                 task.cancel()
             await self.session.close()
+            st.telemetry.session_closed(self.session_id)
             st.metrics.session_closed()
             try:
                 await self.ws.close(P.CLOSE_GOING_AWAY if self._stop.is_set() else P.CLOSE_NORMAL)
