@@ -99,6 +99,8 @@ class Engine:
         self.prefix_tokens = 0  # the tokens those copies saved computing
         self.cancelled_prefills = 0  # requests cancelled before their prompt was through (queued, or part-way)
         self.pins = PrefixPins()  # system prompts' keys and values, outside the slots (a persona's prefix)
+        self.busy_s: dict[str, float] = {}  # session -> its share of step seconds (admission's cost model)
+        self.busy_total_s = 0.0  # seconds of steps in all
         self.speculation: SoloSpeculation | None = None
         if draft is not None:
             from llm_engine.solo_speculation import SoloSpeculation
@@ -249,11 +251,16 @@ class Engine:
         self.steps += 1
         self._size_team()
         if plan.prefill is not None:
-            self._prefill(self._jobs[plan.prefill], plan.prefill_tokens)
+            job = self._jobs[plan.prefill]
+            t0 = time.perf_counter()
+            self._prefill(job, plan.prefill_tokens)
+            self._charge([job], time.perf_counter() - t0)
         # A callback of this step may have cancelled or ended someone: they sit this forward out.
         batch = [self._jobs[j] for j in plan.decode if j in self._jobs and not self._jobs[j].stream.cancelled.is_set()]
         if batch:
+            t0 = time.perf_counter()
             self._decode(batch)
+            self._charge(batch, time.perf_counter() - t0)
         # A request that waited for its session's earlier one (now retired) is admitted here, before the loop
         # decides whether to block: otherwise it would wait for the next message to arrive.
         self._admit()
@@ -269,6 +276,7 @@ class Engine:
             with self._lock:
                 self.slots.release(msg.session_id)
                 self._releasing.discard(msg.session_id)
+            self.busy_s.pop(msg.session_id, None)
         elif isinstance(msg, Hold):
             if msg.job_id in self._jobs:
                 self.scheduler.hold(msg.job_id, msg.on)
@@ -317,6 +325,15 @@ class Engine:
         state.tokens, state.borrowed = list(prompt[:n]), n
         self.prefix_hits += 1
         self.prefix_tokens += n
+
+    def _charge(self, jobs: list[_Job], wall_s: float) -> None:
+        """A forward's wall time, shared by the sessions in it: each one's share of the engine (the one serial
+        resource every session shares; its thread team only spreads a step). Anonymous requests are not kept."""
+        self.busy_total_s += wall_s
+        for job in jobs:
+            if not job.req.share_prefix:
+                session = job.req.session_id
+                self.busy_s[session] = self.busy_s.get(session, 0.0) + wall_s / len(jobs)
 
     def _size_team(self) -> None:
         if self.device.type != "cpu":

@@ -172,6 +172,10 @@ class ServerConfig(_Strict):
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
+    # admission from committed work (web.capacity): each session's measured load in cores (engine steps,
+    # recognition, synthesis) plus a newcomer's (a heavy session: 1 / sessions_per_core cores) against the cores;
+    # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
+    admit_cost_model: bool = True
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
     # `parley serve` loads every stage its sessions use, whatever this says

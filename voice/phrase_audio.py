@@ -23,7 +23,7 @@ class PhraseAudioCache:
         self._seconds: dict[PhraseKey, float] = {}
         self._lock = threading.Lock()
         self.hits = 0
-        self.stored = 0  # phrases put in: each one synthesised once
+        self.stored = 0  # whole syntheses handed in (once per key, unless sessions made the same one at once)
 
     @staticmethod
     def key(text: str, tts: object, speaker: str | None, rate: float, sample_rate: int) -> PhraseKey:
@@ -45,13 +45,14 @@ class PhraseAudioCache:
             c.flags.writeable = False
         seconds = sum(len(c) for c in frozen) / key[4]
         if seconds > self.max_seconds:
+            self.stored += 1
             return
         with self._lock:
+            self.stored += 1
             if key in self._entries:
-                return
+                return  # two sessions synthesised it at once: the first copy stays
             self._entries[key] = frozen
             self._seconds[key] = seconds
-            self.stored += 1
             while len(self._entries) > self.max_entries or sum(self._seconds.values()) > self.max_seconds:
                 old, _ = self._entries.popitem(last=False)
                 del self._seconds[old]

@@ -59,7 +59,7 @@ class Replies:
         """The client's playback mark: how much it played, and so when playback began."""
         reply = self.current
         if reply is not None and reply.turn_id == turn_id:
-            reply.played_ms = played_ms
+            reply.mark_played(played_ms)
             if reply.trace is not None:
                 reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
         held = self.held.pop(turn_id, None)

@@ -20,7 +20,7 @@ from voice.stages import SessionSettings, Stages
 from parley import runtime as rt
 from parley.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics, scheduler_exposition, stage_counters
+from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
 from web.otel.export import Telemetry, llm_facts
 from web.otel.requests import RequestSpans
 from web.realtime.endpoint import handle_realtime
@@ -112,6 +112,10 @@ def create_app(
             body["capacity"] = state.admission().capacity or cfg.server.max_sessions
             body["queue_wait_p95_ms"] = state.runtime.stages.runner.recent_wait_ms()  # what users waited for, last 10 s
             body["v2v_p95_ms"] = state.metrics.recent_v2v_p95()  # the turns of the last 30 s
+            if cfg.server.admit_cost_model:  # committed work in cores, of how many (web.capacity)
+                cost = state.cost_model()
+                body["committed_cores"] = round(cost.committed(state.session_loads()), 3)
+                body["cores"] = cost.cores
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)
@@ -141,6 +145,7 @@ def create_app(
             gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
+            counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
         queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")

@@ -51,7 +51,8 @@ async def test_a_spoken_question_and_a_barge_in_over_webrtc(live_server) -> None
         # typed over the data channel, interrupted by voice on the track
         await c.send(type="input.text", text=STORY)
         story = final["turn_id"] + 1
-        await c.wait_for("response.text.delta", turn_id=story)
+        started = await c.wait_for("response.text.delta", turn_id=story)
+        await c.sound_after(started["at_s"])  # the story is being heard
         c.mic.say(speech(INTERRUPTION))
         clear = await c.wait_for("response.audio.clear")
         cut = await c.wait_for("response.done", turn_id=story)

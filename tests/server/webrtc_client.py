@@ -123,6 +123,13 @@ class RtcClient(MessageLog):
         parts = [pcm for at, pcm in self.heard if at >= t_s]
         return resample(np.concatenate(parts), RATE, 16000) if parts else np.zeros(0, np.float32)
 
+    async def sound_after(self, after_s: float, timeout_s: float = 60) -> None:
+        """Wait until the reply track brings audible sound after `after_s`."""
+        async with asyncio.timeout(timeout_s):
+            while not any(at >= after_s and np.sqrt(np.mean(pcm**2)) > 0.01 for at, pcm in self.heard):
+                self._changed.clear()
+                await self._changed.wait()
+
     async def quiet_for(self, seconds: float, after_s: float, timeout_s: float = 60) -> None:
         """Wait until the reply track has brought `seconds` of silence in a row after `after_s`."""
         deadline = time.monotonic() + timeout_s
