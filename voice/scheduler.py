@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import threading
 import time
@@ -156,7 +157,10 @@ class StageScheduler:
             if self._closed:
                 raise RuntimeError("the stage scheduler is closed")
             job = Job(next(self._ids), stage, priority, key, self._now_ms())
-            self._entries[job.id] = _Entry(job, lambda: fn(*args), future, args[0] if args else None, batch)
+            # the job runs in its caller's context (as asyncio.to_thread would): a remote stage's request then
+            # carries the session's trace context (voice.remote.client.trace_headers)
+            context = contextvars.copy_context()
+            self._entries[job.id] = _Entry(job, lambda: context.run(fn, *args), future, args[0] if args else None, batch)
             replaced = self._queue.submit(job)
             if replaced is not None:
                 self._skip(replaced, "replaced")

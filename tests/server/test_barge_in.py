@@ -1,5 +1,5 @@
 """Barge-in and disconnects over a real socket on the embedded models: speech during a reply clears it and
-history keeps only what was spoken; a 150 ms noise burst does not interrupt; a client that leaves mid-reply
+history keeps only what was spoken; a spoken "yeah" does not interrupt (it resumes the reply); a client that leaves mid-reply
 leaves no session task, engine slot or TTS work behind."""
 from __future__ import annotations
 

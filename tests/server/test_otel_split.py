@@ -1,6 +1,7 @@
-"""A split deployment in one trace: `parley serve` with its LLM behind `parley stages --only llm`, both exporting to
-one real OTLP/HTTP receiver. The front end's remote call carries `traceparent`, so the stage server's request span
-joins the session's trace, with GenAI's usage on it."""
+"""A split deployment in one trace: `parley serve` with its LLM and its voice behind `parley stages --only llm,tts`,
+both exporting to one real OTLP/HTTP receiver. The front end's remote calls carry `traceparent` (the LLM's from the
+event loop, the speech's from a stage worker thread), so the stage server's request spans join the session's trace,
+the chat request with GenAI's usage on it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -22,14 +23,15 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProc
     root = tmp_path_factory.mktemp("otel-split")
     receiver = OtlpReceiver()
     export = {"otlp_endpoint": receiver.url, "schedule_delay_ms": 50}
-    llm = ServerProcess(root / "llm", command="stages", stages=["llm"],
+    llm = ServerProcess(root / "llm", command="stages", stages=["llm", "tts"],
                         more={"observability": {**export, "service_name": "parley-stages"}})  # fmt: skip
     front = None
     try:
         llm.start()
         remote = {"base_url": f"http://127.0.0.1:{llm.port}/v1", "api_key_env": KEY_ENV, "timeout_s": 60}
         front = ServerProcess(root / "front", env={KEY_ENV: TOKEN}, more={
-            "models": {"llm": {"backend": "openai", "remote": remote}}, "observability": export}).start()  # fmt: skip
+            "models": {"llm": {"backend": "openai", "remote": remote}}, "observability": export,
+            "voices": {"joe": {"backend": "openai", "remote": remote, "speaker": "joe"}}}).start()  # fmt: skip
         yield front, receiver
     finally:
         for proc in (front, llm):
@@ -55,6 +57,10 @@ async def test_the_stage_servers_span_is_in_the_sessions_trace(split) -> None:
     chat = [s for s in remote if s.attributes.get("url.path") == "/v1/chat/completions"]
     assert chat and all(s.trace_id == session.trace_id for s in chat)  # one trace across both processes
     assert all(s.parent_id == session.span_id for s in chat)
+    speech = [s for s in remote if s.attributes.get("url.path") == "/v1/audio/speech"]
+    assert speech and all(s.trace_id == session.trace_id and s.parent_id == session.span_id for s in speech)
+    assert all(s.attributes["http.response.status_code"] == 200 and s.attributes["gen_ai.operation.name"] == "speech"
+               for s in speech)  # fmt: skip
     reply = chat[-1]
     assert reply.name.startswith("chat ") and reply.attributes["http.response.status_code"] == 200
     assert reply.attributes["gen_ai.usage.output_tokens"] > 0 and reply.attributes["gen_ai.usage.input_tokens"] > 0
