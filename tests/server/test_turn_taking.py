@@ -143,9 +143,9 @@ async def test_speech_soon_after_an_early_endpoint_joins_the_request(live_server
 
 async def _joined(c: Client, first_samples: int, pause_ms: float) -> None:
     """The continuation joined the early turn: only the whole request is answered, the early reply was stopped."""
-    started = c.of("vad.speech_started")
-    assert len(started) == 2 and started[1]["joins"] is not None, (pause_ms, c.types())
-    early = started[1]["joins"]
+    started, joined = c.of("vad.speech_started"), c.of("turn.joined")
+    assert len(started) == 2 and [j["turn_id"] for j in joined] == [started[1]["turn_id"]], (pause_ms, c.types())
+    early = joined[0]["joins"]  # the words of the continuation joined it to the early turn
     final = c.of("transcript.final")[-1]
     assert corpus.wer("Turn off the lights in the living room.", final["text"]) <= 0.25, final["text"]
     done = [d for d in c.of("response.done") if d["turn_id"] in (early, final["turn_id"])]
