@@ -91,9 +91,17 @@ class DesktopClient:
             self._spawn(self.interrupt())
 
     def _hold(self, on: bool) -> None:
-        """Pause playback in place (speech under a reply) or resume it (the server's response.resumed)."""
+        """Pause playback in place (speech under a reply) or resume it (the server's response.resumed), and say so:
+        the server's echo canceller follows what plays."""
+        if self.jitter.held == on:
+            return
         self.jitter.held = on
         self._held_since = time.perf_counter() if on else None
+        for turn_id in list(self._turn_rs):
+            status = self.jitter.status(turn_id)
+            if status is not None and status.started_at_s is not None and not status.finished:
+                mark = PlaybackMark(type="playback.mark", turn_id=turn_id, played_ms=round(status.played_ms, 1), paused=on)
+                self._spawn(self._send_quiet(mark))
 
     async def interrupt(self) -> None:
         self.jitter.clear()

@@ -17,8 +17,12 @@ from voice.audio import SAMPLE_RATE
 
 BLOCK = SAMPLE_RATE // 100  # AEC3 works on 10 ms blocks
 TAIL_MS = 1500.0  # after the last far-end sample the room may still echo; past it the microphone passes untouched
-LEAD_MS = 150.0  # the far end is laid this much early: AEC3 finds an echo that comes later (mark jitter included), never one that came before
-REANCHOR_MS = 250.0  # the marks' median moving less than this is jitter AEC3's own delay search absorbs; a jump costs it ~2 s
+LEAD_MS = 80.0  # the far end is laid this much early: AEC3 finds an echo that comes later (mark jitter included), never one that came before
+# The marks' median moving less than this is jitter AEC3's own delay search absorbs (a jump costs it ~2 s). Later
+# (the far end would lead the echo by more): only past REANCHOR_MS; earlier (it would come after the echo, which no
+# canceller can take out): past EARLIER_MS.
+REANCHOR_MS = 100.0
+EARLIER_MS = 40.0
 MARKS_KEPT = 8  # the last marks of the playing reply whose median places it
 KEEP_TURNS = 2  # replies whose audio is kept (the one playing, the one before whose tail may still echo)
 MAX_TURN_S = 120.0  # a reply's audio kept at most this long (bounds memory)
@@ -45,8 +49,9 @@ def aec_available() -> bool:
 class ServerEcho:
     """What was sent -> what plays when (in microphone audio time) -> AEC3's far end, block by block."""
 
-    def __init__(self, make_aec: Callable[[], Aec] = webrtc_aec) -> None:
+    def __init__(self, make_aec: Callable[[], Aec] = webrtc_aec, clock: Callable[[], float] | None = None) -> None:
         self._make_aec = make_aec
+        self._clock = clock  # the microphone's audio time now: a reply's first audio is taken to play from then
         self._aec: Aec | None = None  # built at the first reply audio
         self._audio: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # turn -> float32 pieces at 16 kHz
         self._joined: dict[int, np.ndarray] = {}
@@ -61,6 +66,9 @@ class ServerEcho:
     def sent(self, turn_id: int, audio_16k: np.ndarray) -> None:
         """Reply audio as it is queued for the client, in order (float32 at 16 kHz)."""
         pieces = self._audio.setdefault(turn_id, [])
+        if not pieces and self._clock is not None and (self._anchor is None or self._anchor[0] != turn_id):
+            # until the client's first mark says when it plays: from now (a client plays as audio arrives)
+            self._anchor, self._offsets = (turn_id, self._clock()), deque(maxlen=MARKS_KEPT)
         if sum(len(p) for p in pieces) < MAX_TURN_S * SAMPLE_RATE:
             pieces.append(np.asarray(audio_16k, np.float32))
             self._joined.pop(turn_id, None)
@@ -71,13 +79,19 @@ class ServerEcho:
     def played(self, turn_id: int, played_ms: float, mic_ms: float) -> None:
         """A playback mark: `played_ms` of the turn had played when the microphone's audio reached `mic_ms`."""
         offset = mic_ms - played_ms
-        if self._anchor is None or self._anchor[0] != turn_id:
+        guessed = not self._offsets  # placed by its first audio only: its first mark moves it if it must
+        if self._anchor is None or self._anchor[0] != turn_id or guessed and self._moves(offset):
             self._anchor, self._offsets = (turn_id, offset), deque([offset], maxlen=MARKS_KEPT)
             return
         self._offsets.append(offset)
         median = float(np.median(self._offsets))
-        if abs(self._anchor[1] - median) >= REANCHOR_MS:
+        if self._moves(median):
             self._anchor = (turn_id, median)
+
+    def _moves(self, offset: float) -> bool:
+        assert self._anchor is not None
+        shift = offset - self._anchor[1]
+        return shift >= REANCHOR_MS or -shift >= EARLIER_MS
 
     def paused(self, turn_id: int, played_ms: float) -> None:
         """A mark that says playback is paused there (speech over the reply): nothing plays until the next mark.

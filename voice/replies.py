@@ -73,6 +73,15 @@ class Replies:
         """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
         that interrupts, the audio time at which it decided (sent with the clear)."""
         task, reply = self.task, self.current
+        if t_ms is not None and reply is not None and reply.turn_id == turn_id and not reply.stopped and task is not None and task.done():
+            # speech over a reply sent whole, still playing on the client: it drops the rest, the history keeps what
+            # was heard
+            reply.stopped = True
+            self.s.outbox.clear(turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
+            if reply.played_ms is not None:
+                with suppress(ValueError):
+                    self.s.memory.truncate(turn_id, reply.played_ms, self.s.speak, PLAYED_SLACK_MS)
+            return
         if task is None or task.done() or reply is None or reply.turn_id != turn_id or reply.stopped:
             return
         reply.stopped = True
@@ -146,7 +155,7 @@ class Replies:
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         s = self.s
         binding = s.stages.voices[s.voice_name] if s.speak else None
-        echo = s.listener.echo
+        echo = s.echo
         rate = s.settings.output_sample_rate
         tap = None if echo is None else lambda turn, audio: echo.sent(turn, resample(audio, rate, SAMPLE_RATE))
         return Reply(
@@ -195,7 +204,8 @@ class Replies:
             if s.settings.warm_prompt:
                 with suppress(RuntimeError):  # the task group is shutting down: the session is closing
                     s.rewarm()
-        s.apply(s.turns.reply_ended(reply.turn_id, interrupted))
+        # a reply sent whole still plays on the client: speech over its last words (or their echo) is an interjection
+        s.apply(s.turns.reply_ended(reply.turn_id, interrupted, audible_ms=0.0 if interrupted else reply.unplayed_ms()))
         if trace is not None:
             trace.texts["reply"] = reply.text
             trace.mark("interrupted" if interrupted else "done")

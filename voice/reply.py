@@ -240,6 +240,11 @@ class Reply:
             return None
         return 1000.0 * (now - self._first_sent_s)
 
+    def unplayed_ms(self) -> float:
+        """The audio sent that the client has not played yet, by playback_ms: it still comes out of the speaker."""
+        position_ms = self.playback_ms()
+        return 0.0 if position_ms is None else max(0.0, self.sent_ms - position_ms)
+
     async def _pace(self) -> None:
         """Keep at most `audio_lead_ms` of audio ahead of where playback can be (playback_ms). This also paces the
         synthesis: a later phrase starts only once the one before is all queued, so a reply nobody is playing is

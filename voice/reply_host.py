@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from voice.echo import ServerEcho
 from voice.history import History
 from voice.outbox import Outbox
 from voice.stages import PersonaSpec, SessionSettings, Stages
@@ -25,6 +26,7 @@ class ReplyHost(Protocol):
     speak: bool  # replies are spoken; else text only
     task_group: asyncio.TaskGroup | None  # the session's tasks, while it runs
     on_trace: Callable[[TurnTrace], None]
+    echo: ServerEcho | None  # the echo canceller the replies' audio is the far end of
 
     @property
     def persona(self) -> PersonaSpec: ...

@@ -88,8 +88,8 @@ class Session:
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner,
         )  # fmt: skip
-        if settings.server_aec and aec_available():
-            self.listener.echo = ServerEcho()
+        self.echo = ServerEcho(clock=lambda: self.listener.pushed_ms) if settings.server_aec and aec_available() else None
+        self.listener.echo = self.echo
         self.replies = Replies(self)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
@@ -203,7 +203,7 @@ class Session:
         if wrong is not None:
             raise InputError("invalid_message", f"playback.mark: {wrong}")
         self.replies.played(turn_id, played_ms, arrival_ns)
-        echo, playing = self.listener.echo, self.replies.running(turn_id)
+        echo, playing = self.echo, self.replies.running(turn_id)
         if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
             echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
         self.apply(self.turns.played(turn_id, played_ms))
@@ -306,8 +306,8 @@ class Session:
             elif isinstance(a, DropTurn):
                 self._drop_turn(a)
             elif isinstance(a, Interrupt):
-                if self.listener.echo is not None:
-                    self.listener.echo.stop()
+                if self.echo is not None:
+                    self.echo.stop()
                 self.replies.interrupt(a.turn_id, a.t_ms)
             elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
                 utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None

@@ -15,6 +15,9 @@ from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResume
 from voice.interjection import Heard, Kind, Verdict, classify
 from voice.turn_policy import TurnCheck, TurnPolicy
 
+ECHO_TAIL_MS = 300.0  # a room's echo of the last word, and the client's output latency, after its playback ends
+MAX_AUDIBLE_MS = 5000.0  # a reply's unplayed audio is counted at most this long (a client that stopped playing)
+
 
 # -- what comes out ------------------------------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class TurnTaking:
         self._answering: int | None = None  # ended voice turn waiting for its final transcript
         self._last_end: tuple[int, float] | None = None  # (turn, audio ms of its endpoint) while it may be rejoined
         self._reply: int | None = None  # the turn whose reply runs
+        self._audible: tuple[int, float] | None = None  # a reply sent whole, and the audio time its playback ends
         self._last_interrupted: int | None = None  # a late playback mark for it still corrects the history
         self._now_ms = 0.0
         self._vad: tuple[float, float] | None = None  # (frame_ms, end_lag_ms) given to listen()
@@ -251,11 +255,12 @@ class TurnTaking:
         if not (last is not None and p.rejoin_window_ms > 0 and start_ms - last[1] <= p.rejoin_window_ms):
             last = None
         turn_id = self._new_turn()
-        if p.interrupt_by == "words" and (last is not None or self._reply is not None):
-            # an interjection: the reply (if one runs) pauses now, and the words decide whether it stops
-            h = _Heard(turn_id, start_ms, True, None, may_join=last, holds=self._reply)
+        over = self._reply if self._reply is not None else self._playing()
+        if p.interrupt_by == "words" and (last is not None or over is not None):
+            # an interjection: the reply (if one plays) pauses now, and the words decide whether it stops
+            h = _Heard(turn_id, start_ms, True, None, may_join=last, holds=over)
             self._heard = h
-            opened = OpenTurn(turn_id, start_ms, True, last[0] if last is not None else None, self._reply)
+            opened = OpenTurn(turn_id, start_ms, True, last[0] if last is not None else None, over)
             return [opened, *self._ask(h)]
         out: list[Action] = []
         joins = None
@@ -403,9 +408,17 @@ class TurnTaking:
             if self._answering == joins:
                 self._answering = None  # its transcript, when it comes, starts no reply: this turn answers all of it
             out.append(Join(h.turn_id, joins))
-        if self._reply is not None:
-            out.append(Interrupt(self._reply, self._now_ms, "rejoin" if self._reply == joins else "barge_in"))
+        over = self._reply if self._reply is not None else self._playing()
+        if over is not None:
+            out.append(Interrupt(over, self._now_ms, "rejoin" if over == joins else "barge_in"))
+            self._audible = None
         return out
+
+    def _playing(self) -> int | None:
+        """The reply sent whole whose audio the client is still playing, if any."""
+        if self._audible is not None and self._now_ms < self._audible[1]:
+            return self._audible[0]
+        return None
 
     def _release(self, h: _Heard, reason: str) -> list[Action]:
         if h.holds is None:
@@ -434,7 +447,11 @@ class TurnTaking:
     def cancel(self) -> list[Action]:
         return [Interrupt(self._reply, None, "cancel")] if self._reply is not None else []
 
-    def reply_ended(self, turn_id: int, interrupted: bool) -> list[Action]:
+    def reply_ended(self, turn_id: int, interrupted: bool, audible_ms: float = 0.0) -> list[Action]:
+        """The reply's task ended; `audible_ms`: how much of its audio the client has still to play (and its echo
+        then dies down ECHO_TAIL_MS later): speech until then is an interjection over it, as over a running reply."""
+        if audible_ms > 0:
+            self._audible = (turn_id, self._now_ms + min(audible_ms, MAX_AUDIBLE_MS) + ECHO_TAIL_MS)
         if self._reply == turn_id:
             self._reply = None
         if interrupted:

@@ -207,3 +207,19 @@ def test_a_continuation_before_the_transcript_arrives_takes_the_request_over_onc
     assert s.of(OpenTurn)[1].joins == 1 and s.of(OpenTurn)[1].holds is None  # no reply plays yet: nothing to hold
     assert s.of(Join) == [Join(2, 1)] and s.of(Interrupt) == []
     assert s.core.heard(1, "I would like") == []  # the early turn's transcript comes late: ignored
+
+
+def test_speech_over_the_last_audio_of_a_reply_sent_whole_is_an_interjection_of_it() -> None:
+    s = Replying()
+    s.send(s.core.reply_ended(1, interrupted=False, audible_ms=800.0))  # sent whole; 0.8 s of it still plays
+    s.hearing = "that we talk about"  # its own last words, back through the microphone
+    s.speak(300).silent(100)
+    assert s.of(OpenTurn)[0].holds == 1 and s.of(Interrupt) == [] and len(s.of(DropTurn)) == 1
+    s.hearing = "wait stop"
+    s.speak(300)  # still within its playback and echo: a real interruption stops what is left of it
+    assert s.of(Interrupt) == [Interrupt(1, s.of(Interrupt)[0].t_ms, "barge_in")]
+    s.send(s.core.reply_ended(1, interrupted=True))
+    s2 = Replying()
+    s2.send(s2.core.reply_ended(1, interrupted=False, audible_ms=200.0))
+    s2.silent(600).speak(300)  # after its playback and the echo's tail: a new turn like any other
+    assert s2.of(OpenTurn)[0].holds is None and not s2.of(OpenTurn)[0].during_reply
