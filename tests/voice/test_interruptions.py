@@ -212,7 +212,7 @@ def test_a_continuation_before_the_transcript_arrives_takes_the_request_over_onc
 def test_speech_over_the_last_audio_of_a_reply_sent_whole_is_an_interjection_of_it() -> None:
     s = Replying()
     s.send(s.core.reply_ended(1, interrupted=False, audible_ms=800.0))  # sent whole; 0.8 s of it still plays
-    s.hearing = "that we talk about"  # its own last words, back through the microphone
+    s.hearing = "a good day for a walk in the park"  # its own last words, back through the microphone
     s.speak(300).silent(100)
     assert s.of(OpenTurn)[0].holds == 1 and s.of(Interrupt) == [] and len(s.of(DropTurn)) == 1
     s.hearing = "wait stop"
