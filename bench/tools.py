@@ -74,7 +74,8 @@ CASES: list[tuple[str, str | None, object]] = [
 @dataclass
 class Outcome:
     calls: list[tuple[str, dict]]  # (name, arguments) of the calls that parsed
-    invalid: int  # calls begun that did not parse (cut by max_tokens, or written without the grammar)
+    invalid: int  # calls written whole that did not parse (none, under the grammar)
+    cut: int  # a call still being written when max_tokens ran out
 
 
 def right_args(name: str, args: dict, expected: object) -> bool:
@@ -92,17 +93,19 @@ def ask(engine: Engine, question: str, choice: str, max_tokens: int) -> Outcome:
     req = GenerateRequest("bench-tools", (ChatMessage("system", SYSTEM), ChatMessage("user", question)),
                           SamplingParams(max_new_tokens=max_tokens), constraint=call_constraint(TOOLS, choice, parallel=False),
                           tools=TOOLS)  # fmt: skip
-    _, text, _ = engine.submit(req).collect()
+    _, text, fin = engine.submit(req).collect()
     parser = CallParser(lambda: "call")
     parser.feed(text)
     parser.close()
-    return Outcome([(c.name, json.loads(c.arguments)) for c in parser.calls], text.count("<tool_call>") - len(parser.calls))
+    begun = text.count("<tool_call>")
+    cut = int(getattr(fin, "reason", "") == "length" and begun > text.count("</tool_call>"))
+    return Outcome([(c.name, json.loads(c.arguments)) for c in parser.calls], begun - cut - len(parser.calls), cut)
 
 
 def accuracy(engine: Engine, cases: list, choice: str, max_tokens: int) -> dict[str, float | int]:
     tool_cases = [c for c in cases if c[1] is not None]
     rows = [(c, ask(engine, c[0], choice, max_tokens)) for c in (tool_cases if choice == "required" else cases)]
-    made = sum(len(o.calls) + o.invalid for _, o in rows)
+    made = sum(len(o.calls) + o.invalid for _, o in rows)  # calls written whole
     valid = sum(len(o.calls) for _, o in rows)
     wanted = [(c, o) for c, o in rows if c[1] is not None]
     right_tool = [(c, o) for c, o in wanted if o.calls and o.calls[0][0] == c[1]]
@@ -110,7 +113,8 @@ def accuracy(engine: Engine, cases: list, choice: str, max_tokens: int) -> dict[
     unwanted = [o for c, o in rows if c[1] is None and o.calls]
     no_tool = sum(1 for c, _ in rows if c[1] is None)
     return {"requests": len(rows), "calls": made, "valid": valid, "wanted": len(wanted), "right_tool": len(right_tool),
-            "right_args": right, "no_tool_questions": no_tool, "unwanted": len(unwanted)}  # fmt: skip
+            "right_args": right, "no_tool_questions": no_tool, "unwanted": len(unwanted),
+            "cut": sum(o.cut for _, o in rows)}  # fmt: skip
 
 
 def mask_cost(engine: Engine, rounds: int, tokens: int) -> dict[str, float]:
@@ -146,11 +150,12 @@ def format_table(auto: dict, forced: dict, cost: dict, model: str, n: int) -> st
 
     lines = [f"\nTool calls, {model}, {n} questions of bench.tools (greedy), load average "
              f"{os.getloadavg()[0]:.1f} (others' work on the same cores skews every rate)",  # fmt: skip
-             f"{'tool_choice':<12}{'requests':>9}{'valid calls':>13}{'right tool':>12}{'right args':>12}{'unwanted calls':>16}"]
+             f"{'tool_choice':<12}{'requests':>9}{'valid calls':>13}{'cut by max_tokens':>19}{'right tool':>12}{'right args':>12}"
+             f"{'unwanted calls':>16}"]
     for name, r in (("auto", auto), ("required", forced)):
         unwanted = f"{r['unwanted']}/{r['no_tool_questions']}" if r["no_tool_questions"] else "-"
         valid = f"{pct(r['valid'], r['calls'])} of {r['calls']}"
-        lines.append(f"{name:<12}{r['requests']:>9}{valid:>13}{pct(r['right_tool'], r['wanted']):>12}{pct(r['right_args'], r['wanted']):>12}{unwanted:>16}")  # fmt: skip
+        lines.append(f"{name:<12}{r['requests']:>9}{valid:>13}{r['cut']:>19}{pct(r['right_tool'], r['wanted']):>12}{pct(r['right_args'], r['wanted']):>12}{unwanted:>16}")  # fmt: skip
     lines.append(f"decode tok/s free {cost['free_tok_s']:.1f}, under a grammar {cost['grammar_tok_s']:.1f}; the mask "
                  f"{cost['mask_ms']:.3f} ms a token = {100 * cost['mask_share']:.1f} % of a decode step ({cost['decode_ms']:.2f} ms)")  # fmt: skip
     return "\n".join(lines)
