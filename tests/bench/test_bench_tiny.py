@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._server import ServerProcess
+from bench.parley_process import ParleyProcess
 from bench.load import GAP_MS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def assert_two_turns(median: float, p95: float, v2v: dict) -> None:
     assert p95 == pytest.approx(fastest + 0.95 * (slowest - fastest)), v2v
 
 
-def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_e2e_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out, chart = tmp_path / "e2e.json", tmp_path / "e2e.png"
     proc = run_script("e2e", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -51,7 +51,7 @@ def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert "voice_to_voice" in proc.stdout and "Transcript WER" in proc.stdout
 
 
-def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_load_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     proc = run_script("load", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -148,7 +148,7 @@ def test_turns_tiny(tmp_path: Path) -> None:
     assert "End-of-turn detectors" in proc.stdout
 
 
-def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
     out = tmp_path / "soak.json"
     proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))
@@ -210,7 +210,7 @@ def test_startup_tiny(tmp_path: Path) -> None:
     assert "first start" in proc.stdout and "median of" not in proc.stdout
 
 
-def test_load_churn_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_load_churn_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     """Two users arriving by the seeded Poisson process, one question each, then leaving."""
     out = tmp_path / "churn.json"
     proc = run_script("load", "--churn", "--tiny", "--server", real_server.url, "--out", str(out))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import corpus
-from browser_harness import ServerProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect
+from browser_harness import MockProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect
 
 pytestmark = pytest.mark.browser
 
@@ -22,7 +22,7 @@ QUESTION = "What is the weather like today?"
 stats = page_stats
 
 
-def open_page(page, server: ServerProcess) -> None:
+def open_page(page, server: MockProcess) -> None:
     page.goto(server.url)
     page.wait_for_selector("#conn[data-phase=up]")
 

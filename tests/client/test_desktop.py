@@ -70,7 +70,7 @@ class Stream:
     def close(self): pass
 sd.InputStream = sd.OutputStream = Stream
 sys.modules["sounddevice"] = sd
-from parley.cli import main
+from cli.main import main
 sys.exit(main(["client", "--server", "127.0.0.1:9"]))
 """
 HEADSET = {"index": 0, "name": "Fake headset", "max_input_channels": 1, "max_output_channels": 2,
