@@ -159,3 +159,24 @@ async def test_a_realtime_session_is_a_session_span(live_server, exporting) -> N
         receiver.close()
     (span,) = [s for s in receiver.named("parley.session") if s.attributes.get("parley.session.transport") == "realtime"]
     assert span.attributes["parley.session.model"] == "parley" and span.parent_id == ""
+
+
+async def test_text_only_when_allowed(live_server, exporting) -> None:
+    receiver = OtlpReceiver()
+    try:
+        exporting(receiver, include_text=True)
+        async with Client(live_server.ws_url()) as c:
+            await c.start()
+            await c.wait_for("response.done")  # the greeting
+            await c.send(type="input.text", text="Say hello to the tracing backend.")
+            done = await c.wait_for("response.done", n=2, timeout_s=120)
+            await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60)
+        receiver.wait(lambda r: r.named("parley.session"))
+    finally:
+        receiver.close()
+    turn = next(s for s in receiver.named("parley.turn") if s.attributes["parley.turn.id"] == done["turn_id"])
+    assert turn.attributes["parley.text.user"] == "Say hello to the tracing backend."
+    assert turn.attributes["parley.text.reply"] == done["text"]
+    llm = next(s for s in receiver.spans if s.parent_id == turn.span_id and s.name.startswith("chat "))
+    assert json.loads(llm.attributes["gen_ai.input.messages"])[0]["parts"][0]["content"] == "Say hello to the tracing backend."
+    assert json.loads(llm.attributes["gen_ai.output.messages"])[0]["parts"][0]["content"] == done["text"]
