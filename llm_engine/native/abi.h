@@ -6,6 +6,7 @@
 extern "C" {
 
 enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_INT4 = 2 };
+enum { KV_F32 = 0, KV_HALF = 1, KV_INT8 = 2 };
 
 struct PLinear {
     int32_t kind;        // KIND_*
@@ -33,15 +34,17 @@ struct PLayer {
 struct PModel {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
     int32_t int4_dot;         // 1: int4 layers take the int8-input dot product where it is compiled in
-    int32_t kv_half;          // 1: the KV cache holds float16 (IEEE half), 0: float32
+    int32_t kv_kind;          // KV_* : the KV cache's element
     float eps;
     const float* embed;       // [vocab, hidden]
     const float* final_norm;  // [hidden]
     PLinear head;             // hidden -> vocab
     const float* rope_cos;    // [max_seq, head_dim]
     const float* rope_sin;    // [max_seq, head_dim], sign of the rotation folded into the first half
-    void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float or half (kv_half)
+    void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float, half or int8 (kv_kind)
     void* v_cache;
+    float* k_scale;           // KV_INT8: [n_layers, n_slots, n_kv, max_seq], row = codes * scale; else null
+    float* v_scale;
     const PLayer* layers;     // [n_layers]
 };
 
