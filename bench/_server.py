@@ -136,7 +136,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     """The flags both benchmarks share: which server to talk to, or how to start one."""
     p.add_argument("--server", help="URL of a running server (default: start `parley serve` on a free port)")
     p.add_argument("--token", help="the server's token, if it needs one")
-    p.add_argument("--config", help="config file for the started server (default parley/configs/default.yaml)")
+    p.add_argument("--config", help="config file for the started server (default configs/default.yaml)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for the started server (repeatable)")
     p.add_argument("--persona", help="persona to talk to (default: the server's)")

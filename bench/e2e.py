@@ -2,13 +2,14 @@
 conversation, every turn.trace and the client-side latency recorded; prints median/p95 per stage, budget
 violations and transcript WER; writes a JSON file and a PNG chart.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.e2e [--server URL] [--prompts 16] [--tiny]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.e2e [--server URL] [--prompts 16] [--tiny] [--otlp receiver|hang]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chart", default="artifacts/bench/e2e.png", help="PNG chart (default %(default)s); '' skips")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for docs/benchmarks.md)")
     p.add_argument("--tiny", action="store_true", help="two prompts, the concise persona: a smoke test")
+    p.add_argument("--otlp", choices=("off", "receiver", "hang"), default="off",
+                   help="the started server exports spans to an OTLP receiver here, or to one that never answers "
+                        "(the cost of export, docs/observability.md)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.otlp != "off" and args.server:
+        p.error("--otlp sets the started server's export; a running server (--server) keeps its own")
     if args.tiny:
         args.prompts = 2
         args.persona = args.persona or "concise"
@@ -86,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(args)
     print(f"{len(prompts)} prompts, {sum(p.duration_ms for p in prompts) / 1000:.1f} s of speech", flush=True)
+    receiver = None
+    if args.otlp != "off":
+        from bench._otlp import OtlpReceiver
+
+        receiver = OtlpReceiver(hang=args.otlp == "hang")
+        args.sets = [*args.sets, f"observability.otlp_endpoint={receiver.url}", "observability.schedule_delay_ms=200"]
     url, server, pid = open_server(args, out)
     before = machine()
     sampler = ResourceSampler(pid)
@@ -94,11 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         turns, errors = asyncio.run(converse(url, prompts, args))
     finally:
         resources = sampler.stop()
+        export = otel_counts(url, args.token) if receiver is not None else None
         if server is not None:
             server.stop()
+        if receiver is not None:
+            receiver.close()
+    if export is not None:
+        print("span export: " + ", ".join(f"{k} {v:g}" for k, v in export.items()), flush=True)
     budgets = next((dict(t.trace["budgets_ms"]) for t in turns if t.trace), {})
     result = report(turns, budgets, errors, args.markdown)
-    result.update(machine=before, load_avg_after=machine()["load_avg"], server=url, budgets_ms=budgets,
+    result.update(otlp=args.otlp, span_export=export, machine=before, load_avg_after=machine()["load_avg"], server=url, budgets_ms=budgets,
                   persona=args.persona, resources=resources, wall_s=round(time.monotonic() - t0, 1),
                   argv=sys.argv[1:] if argv is None else argv, turns=[t.to_dict() for t in turns])
     out.write_text(json.dumps(result, indent=1))
@@ -111,6 +128,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f" and {draw(turns, result['summary'], budgets, Path(args.chart), title)}", end="")
     print(f" in {result['wall_s']} s")
     return 0 if turns and not result["failed_turns"] else 1
+
+
+def otel_counts(url: str, token: str | None) -> dict[str, float]:
+    """The server's span export counters from /metrics (web.otel.export)."""
+    import urllib.request
+
+    req = urllib.request.Request(url.rstrip("/") + "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := re.match(r'parley_otel_spans_total\{outcome="(\w+)"\} (\S+)$', line):
+            out[m[1]] = float(m[2])
+        elif line.startswith("parley_otel_queue_spans "):
+            out["queued"] = float(line.split()[1])
+    return out
 
 
 if __name__ == "__main__":

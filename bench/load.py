@@ -10,8 +10,11 @@ refuses (`server_full`) counts as refused, not as an error.
 (sessions dealt round-robin, as a load balancer would), instead of everything in one process; `both` runs the
 two in turn and prints them side by side, with what the HTTP hop costs each stage.
 
+--churn: users who come and go (bench.churn): seeded Poisson arrivals at --rate a second, --users in all.
+
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.load [--server URL] [--levels 1,2,4,8,16] [--turns 3]
       [--topology one|split|both] [--scheduling before|after|both] [--tiny]
+      HF_HUB_OFFLINE=1 .venv/bin/python -m bench.load --churn --rate 0.25 [--users 24] [--seed 1]
 """
 from __future__ import annotations
 
@@ -51,7 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the stage scheduling before the shared scheduler, after it, or both in turn (default after)")
     p.add_argument("--fronts", type=int, default=2, help="front ends in the split topology (default 2)")
     p.add_argument("--tiny", action="store_true", help="one level of two sessions, one turn each: a smoke test")
+    p.add_argument("--churn", action="store_true", help="users who come and go instead of levels (bench.churn)")
+    p.add_argument("--rate", type=float, default=0.25, help="--churn: users arriving a second (default %(default)s)")
+    p.add_argument("--users", type=int, default=24, help="--churn: users in all (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="--churn: the arrivals' and questions' seed (default 1)")
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    args.max_sessions = 16
     if args.server and (args.topology != "one" or args.scheduling == "both"):
         p.error("--topology split/both and --scheduling both start their own processes: they cannot use --server")
     if args.topology == "both" and args.scheduling == "both":
@@ -59,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.levels, args.turns = "2", 1
         args.persona = args.persona or "concise"
+        args.users, args.rate = (2, 2.0) if args.churn else (args.users, args.rate)
     args.levels = [int(n) for n in str(args.levels).split(",")]
     return args
 
@@ -202,7 +212,8 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
     return [s.url for s in servers[1:]], servers
 
 
-BEFORE = ("server.scheduling=direct", "server.sessions_per_core=0", "server.admit_max_wait_ms=0", "server.admit_v2v_ratio=0")
+BEFORE = ("server.scheduling=direct", "server.sessions_per_core=0", "server.admit_max_wait_ms=0", "server.admit_v2v_ratio=0",
+          "server.admit_cost_model=false")
 
 
 def run_topology(topology: str, args: argparse.Namespace, pool: list[Prompt], out: Path,
@@ -250,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     need = min(max(args.levels) * args.turns, len(corpus.REQUESTS))
+    if args.churn:
+        from bench.churn import main_churn
+
+        return main_churn(args, _prompts.corpus_prompts(min(3 * args.users, len(corpus.REQUESTS))))
     pool = _prompts.corpus_prompts(need)
     print(f"{len(pool)} distinct prompts; levels {args.levels}, {args.turns} turns a session", flush=True)
     before = machine()

@@ -18,8 +18,9 @@ import torch
 
 from llm_engine.batch import DecodeRow, StepDecoder
 from llm_engine.generation import Generation
-from llm_engine.kv_cache import SlotTable, StaticKVCache
+from llm_engine.kv_cache import MIN_SHARED_PREFIX, SlotTable, StaticKVCache, common_prefix_len
 from llm_engine.model import Transformer
+from llm_engine.prefix_pins import PrefixPins
 from llm_engine.request import (
     ChatMessage,
     ErrorEvent,
@@ -96,6 +97,10 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.prefix_hits = 0  # requests that copied a prompt prefix from another slot (written by the engine thread)
         self.prefix_tokens = 0  # the tokens those copies saved computing
+        self.cancelled_prefills = 0  # requests cancelled before their prompt was through (queued, or part-way)
+        self.pins = PrefixPins()  # system prompts' keys and values, outside the slots (a persona's prefix)
+        self.busy_s: dict[str, float] = {}  # session -> its share of step seconds (admission's cost model)
+        self.busy_total_s = 0.0  # seconds of steps in all
         self.speculation: SoloSpeculation | None = None
         if draft is not None:
             from llm_engine.solo_speculation import SoloSpeculation
@@ -227,7 +232,7 @@ class Engine:
                 # Block only when nothing can run; otherwise just pick up what arrived.
                 self._iterate(block=not self.scheduler.runnable())
             for job in list(self._jobs.values()):
-                self._emit(job, job.gen.cancel())
+                self._cancel(job)
 
     def _iterate(self, block: bool) -> StepPlan | None:
         try:
@@ -246,11 +251,16 @@ class Engine:
         self.steps += 1
         self._size_team()
         if plan.prefill is not None:
-            self._prefill(self._jobs[plan.prefill], plan.prefill_tokens)
+            job = self._jobs[plan.prefill]
+            t0 = time.perf_counter()
+            self._prefill(job, plan.prefill_tokens)
+            self._charge([job], time.perf_counter() - t0)
         # A callback of this step may have cancelled or ended someone: they sit this forward out.
         batch = [self._jobs[j] for j in plan.decode if j in self._jobs and not self._jobs[j].stream.cancelled.is_set()]
         if batch:
+            t0 = time.perf_counter()
             self._decode(batch)
+            self._charge(batch, time.perf_counter() - t0)
         # A request that waited for its session's earlier one (now retired) is admitted here, before the loop
         # decides whether to block: otherwise it would wait for the next message to arrive.
         self._admit()
@@ -259,13 +269,14 @@ class Engine:
     def _handle(self, msg: object) -> None:
         if isinstance(msg, _Job):
             self._jobs[msg.id] = msg
-            self.scheduler.enqueue(msg.id)
+            self.scheduler.enqueue(msg.id, msg.req.session_id)
         elif isinstance(msg, Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
-                self._emit(job, job.gen.cancel())
+                self._cancel(job)
             with self._lock:
                 self.slots.release(msg.session_id)
                 self._releasing.discard(msg.session_id)
+            self.busy_s.pop(msg.session_id, None)
         elif isinstance(msg, Hold):
             if msg.job_id in self._jobs:
                 self.scheduler.hold(msg.job_id, msg.on)
@@ -274,7 +285,7 @@ class Engine:
 
     def _reap_cancelled(self) -> None:
         for job in [j for j in self._jobs.values() if j.stream.cancelled.is_set()]:
-            self._emit(job, job.gen.cancel())
+            self._cancel(job)
 
     def _admit(self) -> None:
         busy_sessions = {self._jobs[j].req.session_id for j in self.scheduler.running()}
@@ -300,14 +311,29 @@ class Engine:
             return
         with self._lock:
             donor = self.slots.prefix_donor(slot, prompt)
-        if donor is None:
+        own = common_prefix_len(self.slots.slots[slot].tokens, prompt)
+        pinned = self.pins.best(prompt, at_least=max(own + MIN_SHARED_PREFIX, donor[1] + 1 if donor else 0))
+        if pinned is not None:  # longer than what any idle slot holds (none may: all busy, or given to others)
+            n = pinned[1]
+            self.pins.copy_into(self.cache, pinned[0], slot, n)
+        elif donor is not None:
+            src, n = donor
+            self.cache.copy_prefix(src, slot, n)
+        else:
             return
-        src, n = donor
-        self.cache.copy_prefix(src, slot, n)
         state = self.slots.slots[slot]
         state.tokens, state.borrowed = list(prompt[:n]), n
         self.prefix_hits += 1
         self.prefix_tokens += n
+
+    def _charge(self, jobs: list[_Job], wall_s: float) -> None:
+        """A forward's wall time, shared by the sessions in it: each one's share of the engine (the one serial
+        resource every session shares; its thread team only spreads a step). Anonymous requests are not kept."""
+        self.busy_total_s += wall_s
+        for job in jobs:
+            if not job.req.share_prefix:
+                session = job.req.session_id
+                self.busy_s[session] = self.busy_s.get(session, 0.0) + wall_s / len(jobs)
 
     def _size_team(self) -> None:
         if self.device.type != "cpu":
@@ -320,15 +346,24 @@ class Engine:
     def _prefill(self, job: _Job, max_tokens: int) -> None:
         assert job.slot is not None
         state = self.slots.slots[job.slot]
+        self.scheduler.chunk_ran(job.id)  # its session goes to the back of the prefill round-robin
         try:
             if self.speculation is not None:
                 self.speculation.pause(job.slot)
             events = job.gen.prefill(self.model, self.cache, job.slot, state, max_tokens, self.stepper)
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine thread must live on
             events = self._fail(job, exc)
+        if job.gen.prefilled and self.prefix_cache and _system_only(job.req):
+            self._pin(job.slot, job.gen.prompt)
         if job.gen.prefilled and not job.gen.finished:
             self.scheduler.prefill_done(job.id)
         self._emit(job, events)
+
+    def _pin(self, slot: int, prompt: list[int]) -> None:
+        """A system prompt alone (a persona's warm-up) is every conversation's opening: keep it outside the slots."""
+        n = common_prefix_len(self.slots.slots[slot].tokens, prompt)
+        if n == len(prompt):
+            self.pins.pin(self.cache, slot, prompt)
 
     def _decode(self, batch: list[_Job]) -> None:
         """One forward for every row of the batch, then each request samples from its own row."""
@@ -368,6 +403,11 @@ class Engine:
             events = self._fail(job, exc)
         self._emit(job, events)
 
+    def _cancel(self, job: _Job) -> None:
+        if not job.gen.finished and not job.gen.prefilled:
+            self.cancelled_prefills += 1
+        self._emit(job, job.gen.cancel())
+
     def _fail(self, job: _Job, exc: Exception) -> list[Event]:
         assert job.slot is not None
         self.slots.slots[job.slot].tokens = []  # the cache rows may be half-written: trust none of them
@@ -397,3 +437,7 @@ class Engine:
             with self._lock:
                 self.slots.finish(job.slot)
             job.slot = None
+
+
+def _system_only(req: GenerateRequest) -> bool:
+    return len(req.messages) == 1 and req.messages[0].role == "system"

@@ -1,7 +1,8 @@
 """Scheduler policy for continuous batching: who gets admitted, whose prompt chunk runs, who decodes this step.
 
 Pure bookkeeping over request ids (FIFO admission, bounded batch, one prefill chunk per step beside one
-batched decode of every running request); it knows nothing about models, tensors, slots or threads.
+batched decode of every running request, prompt chunks shared round-robin by session); it knows nothing about
+models, tensors, slots or threads.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepPlan:
-    prefill: int | None  # the job whose next prompt chunk runs this step: the earliest admitted one not held
+    prefill: int | None  # the job whose next prompt chunk runs this step: its session's turn (round-robin), not held
     prefill_tokens: int  # at most this many prompt tokens in that chunk
     decode: tuple[int, ...]  # every job past its prefill and not held, decoded together in one batched forward
 
@@ -23,9 +24,11 @@ MAX_CHUNK_TOKENS = 512  # nobody decoding, and any chunk: bounds the [T, kv_len]
 class BatchScheduler:
     """Jobs move queued -> prefilling -> decoding -> removed.
 
-    Why nobody starves: admission is FIFO; the prefilling job admitted first always gets the step's chunk, so
-    a prompt of P tokens reaches its first token within ceil(P / chunk_tokens) steps of its turn; and every
-    decoding job advances by one token every step, because a prompt chunk is capped while others decode.
+    Why nobody starves: admission is FIFO; the step's prompt chunk goes round-robin by session (the session whose
+    chunk ran longest ago, ties to the earliest admitted), so with k sessions prefilling a prompt of P tokens reaches
+    its first token within k * ceil(P / chunk_tokens) steps, however long the others' prompts or queues are (one
+    session's backlog of long prompts is its own); and every decoding job advances by one token every step,
+    because a prompt chunk is capped while others decode.
     """
 
     def __init__(self, *, max_batch: int, chunk_tokens: int = CHUNK_TOKENS, solo_chunk_tokens: int = MAX_CHUNK_TOKENS) -> None:
@@ -38,9 +41,14 @@ class BatchScheduler:
         self._prefilling: list[int] = []  # admission order
         self._decoding: list[int] = []  # order they finished prefill
         self._held: set[int] = set()  # keep their place and slot but sit steps out (their caller asked)
+        self._session: dict[int, object] = {}  # job -> its session (the job itself when none was given)
+        self._chunks_run = 0  # prompt chunks run so far (chunk_ran)
+        self._last_chunk: dict[object, int] = {}  # session -> the number of its last chunk (round-robin)
 
-    def enqueue(self, job_id: int) -> None:
+    def enqueue(self, job_id: int, session: object = None) -> None:
+        """`session`: jobs of one session share its turn at prefill (None: the job is a session of its own)."""
         self._queued.append(job_id)
+        self._session[job_id] = job_id if session is None else session
 
     def queued(self) -> list[int]:
         """In arrival order: admission is first come, first served."""
@@ -79,15 +87,28 @@ class BatchScheduler:
         self._prefilling.remove(job_id)
         self._decoding.append(job_id)
 
+    def chunk_ran(self, job_id: int) -> None:
+        """A prompt chunk of `job_id` ran: its session goes to the back of the round-robin."""
+        self._chunks_run += 1
+        self._last_chunk[self._session.get(job_id, job_id)] = self._chunks_run
+
     def remove(self, job_id: int) -> None:
         self._held.discard(job_id)
+        self._session.pop(job_id, None)
+        # A session's turn outlives its job (its next prompt must not jump the others'); the oldest turns are
+        # forgotten past a bound, which changes nothing: forgotten or not, they sort first.
+        if len(self._last_chunk) > 4 * self.max_batch + 256:
+            for session in sorted(self._last_chunk, key=self._last_chunk.__getitem__)[: len(self._last_chunk) // 2]:
+                del self._last_chunk[session]
         for group in (self._queued, self._prefilling, self._decoding):
             if job_id in group:
                 group.remove(job_id)
                 return
 
     def plan(self) -> StepPlan:
-        prefill = next((j for j in self._prefilling if j not in self._held), None)
+        """What the next step runs (no state changes: call chunk_ran when the chunk ran)."""
+        ready = [j for j in self._prefilling if j not in self._held]
+        prefill = min(ready, key=lambda j: self._last_chunk.get(self._session.get(j, j), 0), default=None)
         decode = tuple(j for j in self._decoding if j not in self._held)
         tokens = self.chunk_tokens if decode else self.solo_chunk_tokens
         return StepPlan(prefill, tokens if prefill is not None else 0, decode)

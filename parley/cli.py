@@ -14,7 +14,7 @@ from parley.config import AppConfig, ConfigError, load_config
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Parley: a self-hosted realtime voice assistant.")
-    p.add_argument("--config", help="config file (default: parley/configs/default.yaml)")
+    p.add_argument("--config", help="config file (default: the shipped configs/default.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set server.port=8001 (repeatable)")
     sub = p.add_subparsers(dest="command", required=True)

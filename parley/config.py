@@ -1,6 +1,6 @@
 """Config files -> frozen, validated config objects.
 
-Reads parley/configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
+Reads configs/default.yaml (or --config FILE), applies `--set a.b=value` overrides, loads the
 personas it names and checks cross-references (persona voice, default persona). Every problem
 becomes one ConfigError line naming the file, the key and the reason. Knows nothing of models.
 """
@@ -15,7 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voice.trace import STAGES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+def shipped_configs() -> Path:
+    """The shipped configs/ folder: inside the installed package (the wheel maps the top-level configs/ to
+    parley/configs), else the checkout's top level."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if (installed / "default.yaml").is_file() else here.parent / "configs"
+
+
+DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 TRACE_STAGES = tuple(STAGES)  # the stage names budgets may name
 
 
@@ -163,6 +172,10 @@ class ServerConfig(_Strict):
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
+    # admission from committed work (web.capacity): each session's measured load in cores (engine steps,
+    # recognition, synthesis) plus a newcomer's (a heavy session: 1 / sessions_per_core cores) against the cores;
+    # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
+    admit_cost_model: bool = True
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
     # `parley serve` loads every stage its sessions use, whatever this says
@@ -177,6 +190,26 @@ class ServerConfig(_Strict):
         return v
 
 
+class TwilioConfig(_Strict):
+    """Phone calls through Twilio Media Streams (web.twilio, web.twilio_voice)."""
+
+    auth_token_env: str | None = None  # the variable holding the account's auth token; set: signatures are checked
+    public_url: str | None = Field(None, pattern=r"^https://")  # the server as Twilio reaches it (what it signs)
+    persona: str | None = None  # who answers the phone (default: default_persona)
+
+
+class IceServer(_Strict):
+    """A STUN or TURN server for WebRTC (docs/deploy.md, Behind TURN)."""
+
+    urls: tuple[str, ...] = Field(min_length=1)  # stun:host:3478, turn:host:3478?transport=udp, turns:host:5349
+    username: str | None = None
+    credential_env: str | None = None  # the variable holding the TURN password (never the password in a file)
+
+
+class WebRtcConfig(_Strict):
+    ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -188,12 +221,30 @@ class Persona(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
 
 
+class ObservabilityConfig(_Strict):
+    """OpenTelemetry export of every turn (docs/observability.md). Off unless an endpoint is set here or in the
+    standard OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables."""
+
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")  # e.g. http://jaeger:4318 (/v1/traces is added)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with each export (e.g. a Langfuse auth header)
+    service_name: str = "parley"
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # share of sessions whose spans are kept
+    include_text: bool = False  # transcripts and replies as span attributes (off: timings and counts only)
+    max_queue_spans: int = Field(2048, ge=1)  # spans waiting for export; past it new ones are dropped and counted
+    max_export_batch: int = Field(512, ge=1)
+    schedule_delay_ms: float = Field(1000.0, gt=0)  # how long a batch may wait before it is sent
+    export_timeout_s: float = Field(10.0, gt=0)  # one export request's limit (a collector that never answers)
+
+
 class AppConfig(_Strict):
     models: ModelsConfig = ModelsConfig()
     vad: VadConfig = VadConfig()
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+    twilio: TwilioConfig = TwilioConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
     voices: dict[str, VoiceConfig]
     personas: tuple[str, ...]
     personas_dir: str = "personas"
@@ -290,4 +341,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         defs[name] = load_persona(file, cfg.voices)
     if cfg.default_persona not in defs:
         raise ConfigError(f"{cfg_path}: default_persona: {cfg.default_persona!r} is not in personas {list(cfg.personas)}")
+    if cfg.twilio.persona is not None and cfg.twilio.persona not in defs:
+        raise ConfigError(f"{cfg_path}: twilio.persona: {cfg.twilio.persona!r} is not in personas {list(cfg.personas)}")
     return cfg.model_copy(update={"persona_defs": defs, "source_file": str(cfg_path)})

@@ -86,8 +86,7 @@ def serve(cfg: AppConfig, *, stages_only: bool = False) -> int:
             app,
             host=s.host,
             port=s.port,
-            http=guarded_h11(s.header_timeout_s, min(s.max_connections, max(16, fds - 64))),
-            h11_max_incomplete_event_size=s.max_header_bytes,
+            http=guarded_h11(s.header_timeout_s, min(s.max_connections, max(16, fds - 64)), s.max_header_bytes),
             timeout_keep_alive=5,
             ws_max_size=s.max_message_bytes,  # larger messages are closed with 1009 by the protocol layer
             log_level="warning",

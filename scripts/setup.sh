@@ -26,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 stamp=".venv/.parley-setup-$mode"
-inputs=(pyproject.toml constraints.txt scripts/setup.sh)
+inputs=(pyproject.toml setup.py constraints.txt scripts/setup.sh)
 if [ -f "$stamp" ] && [ -z "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" ]; then
     exit 0
 fi

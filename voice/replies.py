@@ -16,7 +16,7 @@ from voice.history import reply_content
 from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.reply import Reply
-from voice.trace import TurnTrace
+from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Reply as ReplyTo
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class Replies:
         """The client's playback mark: how much it played, and so when playback began."""
         reply = self.current
         if reply is not None and reply.turn_id == turn_id:
-            reply.played_ms = played_ms
+            reply.mark_played(played_ms)
             if reply.trace is not None:
                 reply.trace.mark("playback_start", arrival_ns - int(played_ms * 1e6))
         held = self.held.pop(turn_id, None)
@@ -108,7 +108,9 @@ class Replies:
                 if not greeting:
                     s.apply(s.turns.reply_ended(a.turn_id, interrupted=False))
                     return
-                self._launch(self._reply_for(a.turn_id, None), _fixed(greeting), None)
+                reply = self._reply_for(a.turn_id, None)
+                reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
+                self._launch(reply, _fixed(greeting), None)
                 return
             assert a.text is not None and trace is not None
             joins = trace.info.get("joins")
@@ -119,6 +121,7 @@ class Replies:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
                 messages = s.messages(a.text)
             s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
+            trace.texts["user"] = a.text
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
@@ -148,6 +151,8 @@ class Replies:
             interrupted = False
         except* (LlmFailed, OSError, RuntimeError, ValueError) as group:  # a stage failed: this reply ends, the session lives
             log.warning("session %s turn %d failed: %r", self.s.session_id, reply.turn_id, group.exceptions)
+            if trace is not None:
+                trace.info["error"] = f"{type(group.exceptions[0]).__name__}: {group.exceptions[0]}"
             self.s.outbox.send("error", code="reply_failed", message=str(group.exceptions[0]), fatal=False)
         finally:
             self._finish(reply, trace, interrupted)
@@ -169,9 +174,10 @@ class Replies:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
             if s.settings.warm_prompt:
                 with suppress(RuntimeError):  # the task group is shutting down: the session is closing
-                    s.spawn(s.warm_prompt)
+                    s.rewarm()
         s.apply(s.turns.reply_ended(reply.turn_id, interrupted))
         if trace is not None:
+            trace.texts["reply"] = reply.text
             trace.mark("interrupted" if interrupted else "done")
             if interrupted or trace.has("playback_start") or not trace.has("first_audio_sent") or not self._hold(trace):
                 self.send_trace(trace)
@@ -218,6 +224,7 @@ class Replies:
                     trace.info["llm"] = {
                         "finish": event.reason, "prefill_tokens": event.prefill_tokens, "reused_tokens": event.reused_tokens,
                         "decode_tokens": event.decode_tokens, "queue_ms": round(event.queue_ms, 3),
+                        "generate_ms": round((now_ns() - llm_start_ns) / 1e6, 3),  # the request's start to its finish
                         # this reply's prompt tokens that came from another session's cache (copied by the
                         # reply itself, or by the session's warm-up before it)
                         "shared_prefix_tokens": event.shared_prefix_tokens + self.warm_shared,

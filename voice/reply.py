@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from voice.audio import float_to_pcm16, resample
 from voice.chunker import PhraseChunker
 from voice.outbox import Outbox
+from voice.phrase_audio import PhraseAudioCache
 from voice.scheduler import StageRunner
 from voice.stage_queue import Priority
 from voice.trace import TurnTrace
@@ -24,6 +25,8 @@ from voice.tts import Tts
 from voice.tts_stream import synthesize_async
 
 AUDIO_PIECE_MS = 100.0  # audio message size: small enough that a clear drops little, large enough to be cheap
+MARK_CARRY_S = 1.0  # after a playback mark, playback is taken to go on this long (clients mark every ~250 ms)
+PACE_POLL_S = 0.1  # how often a reply waiting for playback looks again (a new mark wakes it at once)
 
 
 @dataclass(frozen=True)
@@ -100,15 +103,20 @@ class Reply:
     audio_lead_ms: float = 1000.0  # how far audio may run ahead of real-time playback (bounds what a clear drops)
     runner: StageRunner | None = None  # the shared-stage scheduler the syntheses run on (None: a thread each)
     key: str = ""  # the session, for the scheduler
+    phrase_cache: PhraseAudioCache | None = None  # fixed words (a greeting): their audio is reused, made once
+    clock: Callable[[], float] = time.monotonic  # seconds; the pacing's (tests script it)
     text: str = ""
     spans: list[PhraseSpan] = field(default_factory=list)
     queued_ms: float = 0.0  # reply audio handed to the outbox
     sent_ms: float = 0.0  # reply audio written to the socket
     played_ms: float | None = None  # the client's latest playback mark for it
     stopped: bool = False  # told to stop (its audio cleared, its task cancelled)
+    waiting_for_playback: bool = False  # its next audio (and so its next phrase's synthesis) waits for playback
     _first_sent_s: float | None = None
     _phrases: int = 0  # phrases written
     _hold: Callable[[bool], None] = field(default=lambda on: None, repr=False)
+    _mark: tuple[float, float] | None = None  # (played_ms > 0, clock() at its arrival): the latest mark of progress
+    _marked: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set by each mark: pacing looks again
 
     async def run(self, deltas: AsyncIterator[str], hold: Callable[[bool], None] = lambda on: None) -> None:
         """Speak everything `deltas` yields. Cancelling stops generation, synthesis and queued audio.
@@ -171,6 +179,15 @@ class Reply:
         """The phrase's audio at the output rate, synthesized in a worker thread (voice.tts_stream)."""
         assert self.voice is not None
         tts = self.voice.tts
+        memo = self.phrase_cache
+        key = None if memo is None else memo.key(phrase, tts, self.voice.speaker, self.speaking_rate, self.output_sample_rate)
+        if memo is not None and key is not None and (cached := memo.get(key)) is not None:
+            for chunk in cached:
+                if self.trace is not None:
+                    self.trace.mark("tts_first_audio")
+                yield chunk
+            return
+        made: list[np.ndarray] = []
         first = len(self.spans) == 1
         chunks = synthesize_async(
             tts, phrase, rate=self.speaking_rate, voice=self.voice.speaker, work=self.tts_work, name=f"tts-turn{self.turn_id}",
@@ -181,7 +198,12 @@ class Reply:
             async for chunk in chunks:
                 if self.trace is not None:
                     self.trace.mark("tts_first_audio")
-                yield resample(chunk, tts.sample_rate, self.output_sample_rate)
+                out = resample(chunk, tts.sample_rate, self.output_sample_rate)
+                if memo is not None:
+                    made.append(out)
+                yield out
+        if memo is not None and key is not None:
+            memo.put(key, made)  # reached only when the synthesis ran to its end
 
     def _first_wait(self, wait_ms: float) -> None:
         if self.trace is not None:
@@ -196,18 +218,43 @@ class Reply:
             self.queued_ms += part_ms
             await self.outbox.send_audio(self.turn_id, float_to_pcm16(part), self._on_sent(part_ms))
 
-    async def _pace(self) -> None:
-        """Keep at most `audio_lead_ms` of audio ahead of where playback (started at first send) can be."""
+    def mark_played(self, played_ms: float) -> None:
+        """The client's playback mark: where its playback is now (pacing goes by it from here on)."""
+        self.played_ms = played_ms
+        if played_ms > 0:  # a mark of progress (many clients only say when playback starts: paced by the clock)
+            self._mark = (played_ms, self.clock())
+            self._marked.set()
+
+    def playback_ms(self) -> float | None:
+        """Where the client's playback can be now: from its latest mark of progress, carried on at real time for at
+        most MARK_CARRY_S (a client that stops marking, or stops playing, is not played ahead of); before any, from
+        the first audio sent, at real time. None before any audio was sent."""
+        now = self.clock()
+        if self._mark is not None:
+            played_ms, at_s = self._mark
+            return played_ms + 1000.0 * min(max(0.0, now - at_s), MARK_CARRY_S)
         if self._first_sent_s is None:
-            return
-        ahead_ms = self.queued_ms - 1000.0 * (time.monotonic() - self._first_sent_s)
-        if ahead_ms > self.audio_lead_ms:
-            await asyncio.sleep((ahead_ms - self.audio_lead_ms) / 1000.0)
+            return None
+        return 1000.0 * (now - self._first_sent_s)
+
+    async def _pace(self) -> None:
+        """Keep at most `audio_lead_ms` of audio ahead of where playback can be (playback_ms). This also paces the
+        synthesis: a later phrase starts only once the one before is all queued, so a reply nobody is playing is
+        not synthesised ahead, and its cores go to someone else's first phrase."""
+        while (position_ms := self.playback_ms()) is not None and (ahead_ms := self.queued_ms - position_ms) > self.audio_lead_ms:
+            self._marked.clear()
+            self.waiting_for_playback = True
+            try:
+                with suppress(TimeoutError):  # (asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel)
+                    async with asyncio.timeout(min((ahead_ms - self.audio_lead_ms) / 1000.0, PACE_POLL_S)):
+                        await self._marked.wait()
+            finally:
+                self.waiting_for_playback = False
 
     def _on_sent(self, part_ms: float) -> Callable[[], None]:
         def sent() -> None:
             if self._first_sent_s is None:
-                self._first_sent_s = time.monotonic()
+                self._first_sent_s = self.clock()
                 if self.trace is not None:
                     self.trace.mark("first_audio_sent")
             self.sent_ms += part_ms

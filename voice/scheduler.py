@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import threading
 import time
@@ -123,6 +124,8 @@ class StageScheduler:
         self._ids = itertools.count(1)
         self._closed = False
         self.stats = WaitStats()
+        self.busy_s: dict[str, float] = {}  # key (a session) -> worker-seconds its jobs took (admission's cost model)
+        self.stage_busy_s: dict[str, float] = {}  # stage -> worker-seconds in all (/metrics: where the time goes)
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(policy.workers)
         ]
@@ -141,6 +144,11 @@ class StageScheduler:
         with self._cond:
             self.stats.recent.clear()
 
+    def forget_key(self, key: str) -> None:
+        """The session ended: its busy time is no longer anyone's load."""
+        with self._cond:
+            self.busy_s.pop(key, None)
+
     async def run(
         self, stage: str, priority: Priority, key: str, fn: Callable[..., T], *args: Any, batch: Batch | None = None
     ) -> Ran[T]:
@@ -149,7 +157,10 @@ class StageScheduler:
             if self._closed:
                 raise RuntimeError("the stage scheduler is closed")
             job = Job(next(self._ids), stage, priority, key, self._now_ms())
-            self._entries[job.id] = _Entry(job, lambda: fn(*args), future, args[0] if args else None, batch)
+            # the job runs in its caller's context (as asyncio.to_thread would): a remote stage's request then
+            # carries the session's trace context (voice.remote.client.trace_headers)
+            context = contextvars.copy_context()
+            self._entries[job.id] = _Entry(job, lambda: context.run(fn, *args), future, args[0] if args else None, batch)
             replaced = self._queue.submit(job)
             if replaced is not None:
                 self._skip(replaced, "replaced")
@@ -228,12 +239,16 @@ class StageScheduler:
                     self.stats.observe(e.job, wait_ms, now)
                 if len(entries) > 1:
                     self.stats.batched[entries[0].job.stage] += len(entries)
+            started_s = time.perf_counter()
             try:
                 self._run(entries, waits)
             finally:
+                share_s = (time.perf_counter() - started_s) / len(entries)
                 with self._cond:
                     for e in entries:
                         self._queue.finish(e.job)
+                        self.busy_s[e.job.key] = self.busy_s.get(e.job.key, 0.0) + share_s
+                        self.stage_busy_s[e.job.stage] = self.stage_busy_s.get(e.job.stage, 0.0) + share_s
                     self._note_depth()
                     self._cond.notify_all()
 

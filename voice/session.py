@@ -89,6 +89,7 @@ class Session:
         self._bg: set[asyncio.Task[Any]] = set()
         self.task_group: asyncio.TaskGroup | None = None  # the session's tasks, while run() runs
         self._early: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
+        self._warming: asyncio.Task[Any] | None = None  # the warm-up prefill in flight (rewarm)
 
     @property
     def state(self) -> str:
@@ -129,7 +130,7 @@ class Session:
         switched = name != self.persona_name
         self.persona_name, self.voice_override = name, checked_voice
         if switched and self.settings.warm_prompt:
-            self.spawn(self.warm_prompt)
+            self.rewarm()
         if switched and self.persona.greeting and self.settings.greet:
             self.apply(self.turns.greet())
 
@@ -204,7 +205,7 @@ class Session:
         async with asyncio.TaskGroup() as tg:
             self.task_group = tg
             if self.settings.warm_prompt:
-                self.spawn(self.warm_prompt)
+                self.rewarm()
             if self.persona.greeting and self.settings.greet:
                 self.apply(self.turns.greet())
             early, self._early = self._early, []
@@ -353,6 +354,14 @@ class Session:
             self.listener.close(utt)
             utt.discard()
         self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1), dropped=True)
+
+    def rewarm(self) -> None:
+        """warm_prompt for the prompt as it is now, superseding one not finished yet (its queued prefill is
+        cancelled): one warm-up a session at most, however fast turns come (a flood of typed messages, each
+        dropping history, once queued a prefill each: minutes of engine work every other session waited behind)."""
+        if self._warming is not None:
+            self._warming.cancel()
+        self._warming = self.spawn(self.warm_prompt)
 
     async def warm_prompt(self) -> None:
         """The prompt so far (the system prompt, and the history once some was dropped) into this session's

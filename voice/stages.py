@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from voice.asr import Transcriber
 from voice.llm_bridge import LlmBridge
+from voice.phrase_audio import PhraseAudioCache
 from voice.reply import VoiceBinding, WorkCounter
 from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
@@ -52,3 +53,4 @@ class Stages:
     turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
     tts_work: WorkCounter = field(default_factory=WorkCounter)
     runner: StageRunner = field(default_factory=DirectRunner)  # where recognition, synthesis and turn checks run
+    phrase_audio: PhraseAudioCache = field(default_factory=PhraseAudioCache)  # greetings' audio, made once a voice

@@ -50,6 +50,8 @@ class TurnTrace:
     marks_ns: dict[str, int] = field(default_factory=dict)
     # facts that are not marks: ahead-of-endpoint savings, reused KV tokens, persona, input kind
     info: dict[str, Any] = field(default_factory=dict)
+    # what was said and replied ("user", "reply"): never in to_dict (the log, the client); telemetry may opt in
+    texts: dict[str, str] = field(default_factory=dict)
 
     def mark(self, name: str, t_ns: int | None = None) -> int:
         if name not in MARKS:

@@ -9,6 +9,7 @@ job out of the queue); an error in the worker is re-raised in the loop. Used by 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -58,7 +59,7 @@ async def synthesize_async(
 
     job: asyncio.Future[object] | None = None
     if runner is None:
-        threading.Thread(target=run, name=name, daemon=True).start()
+        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
     else:
 
         def started() -> None:  # on the worker, before the synthesis

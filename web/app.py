@@ -12,21 +12,28 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from voice.stages import SessionSettings, Stages
 from parley import runtime as rt
 from parley.config import AppConfig
 from web.guard import Guard
-from web.metrics import Metrics, scheduler_exposition, stage_counters
+from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
+from web.otel.export import Telemetry, llm_facts
+from web.otel.requests import RequestSpans
 from web.realtime.endpoint import handle_realtime
 from web.state import AppState
+from web.twilio import handle_twilio
+from web.twilio_voice import voice_webhook
 from web.ws import handle
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # coroutines a session's tasks run: any of these alive after a disconnect is a leak (the /healthz count)
-_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.")
+_SESSION_CODE = ("Session.", "Listener.", "Reply.", "Replies.", "Connection.", "RealtimeConnection.", "LlmBridge.",
+                 "TwilioCall.")
 
 
 def _session_tasks() -> int:
@@ -59,6 +66,7 @@ def create_app(
         settings=settings or rt.session_settings(cfg),
         personas=rt.personas(cfg),
         runtime=runtime,
+        telemetry=Telemetry(cfg.observability, llm_facts(cfg)),
     )
     if runtime is not None:
         _check_stages(state.settings, runtime.stages)
@@ -74,9 +82,12 @@ def create_app(
             for session in list(state.sessions.values()):
                 await session.close()
             state.runtime.close()
+            await asyncio.to_thread(state.telemetry.shutdown)  # sends what is queued, within one export timeout
 
     app = FastAPI(title="Parley", lifespan=lifespan)
     app.state.parley = state
+    if cfg.server.openai_api:
+        app.add_middleware(RequestSpans, telemetry=state.telemetry)  # spans of the stage routes (web.otel.requests)
     listens_on = () if cfg.server.host in ("0.0.0.0", "::", "") else (cfg.server.host,)
     app.add_middleware(Guard, hosts=(*listens_on, *cfg.server.allowed_hosts), token=cfg.server.token)
 
@@ -101,6 +112,10 @@ def create_app(
             body["capacity"] = state.admission().capacity or cfg.server.max_sessions
             body["queue_wait_p95_ms"] = state.runtime.stages.runner.recent_wait_ms()  # what users waited for, last 10 s
             body["v2v_p95_ms"] = state.metrics.recent_v2v_p95()  # the turns of the last 30 s
+            if cfg.server.admit_cost_model:  # committed work in cores, of how many (web.capacity)
+                cost = state.cost_model()
+                body["committed_cores"] = round(cost.committed(state.session_loads()), 3)
+                body["cores"] = cost.cores
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)
@@ -130,7 +145,9 @@ def create_app(
             gauges["parley_engine_active_slots"] = state.runtime.stages.llm.active_slots()
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
+            counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 
     if cfg.server.openai_api:
@@ -145,6 +162,28 @@ def create_app(
     @app.websocket("/v1/realtime")
     async def realtime_endpoint(ws: WebSocket) -> None:
         await handle_realtime(ws, state)
+
+    @app.post("/twilio/voice")
+    async def twilio_voice(request: Request) -> Response:
+        return await voice_webhook(request, cfg)
+
+    @app.websocket("/twilio/stream")
+    async def twilio_stream(ws: WebSocket) -> None:
+        await handle_twilio(ws, state)
+
+    webrtc_calls: set[asyncio.Task[None]] = set()
+
+    @app.post("/webrtc/offer")
+    async def webrtc_offer(request: Request) -> Response:
+        from web.webrtc import offer  # aiortc loads at the first call (~0.5 s), not with every server
+
+        return await offer(request, state, webrtc_calls)
+
+    @app.get("/webrtc/config")
+    async def webrtc_config() -> dict[str, Any]:
+        from web.webrtc import ice_servers
+
+        return {"ice_servers": ice_servers(cfg), "channel": "parley"}
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")

@@ -46,6 +46,21 @@ def stage_counters(llm: Any) -> dict[str, tuple[float, str]]:
     }
 
 
+def busy_counters(runtime: Any) -> dict[str, tuple[float, str]]:
+    """Where the server's time goes, per stage (seconds of engine steps, of shared-worker jobs by stage), and how
+    often a greeting's audio was synthesised or replayed."""
+    out: dict[str, tuple[float, str]] = {
+        "parley_llm_busy_seconds_total": (round(getattr(runtime.engine, "busy_total_s", 0.0), 3), "Seconds of engine steps."),
+    }
+    stage_busy = dict(getattr(runtime.stages.runner, "stage_busy_s", {}))
+    for stage in ("asr", "tts", "turn"):
+        out[f"parley_{stage}_busy_seconds_total"] = (round(stage_busy.get(stage, 0.0), 3), f"Worker seconds of {stage} jobs.")
+    phrases = runtime.stages.phrase_audio
+    out["parley_greeting_audio_synthesised_total"] = (phrases.stored, "Greeting phrases synthesised (then kept).")
+    out["parley_greeting_audio_reused_total"] = (phrases.hits, "Greeting phrases replayed from the kept audio.")
+    return out
+
+
 class Metrics:
     def __init__(self, trace_log: str | Path | None = None, keep_traces: int = 200) -> None:
         self._lock = threading.Lock()

@@ -33,12 +33,14 @@ CLOSE_INTERNAL = 1011
 class ProtocolError(Exception):
     """Bad client input: `code` goes into the `error` message; `fatal` ends the session."""
 
-    def __init__(self, code: str, message: str, *, fatal: bool = False, close_code: int = CLOSE_POLICY) -> None:
+    def __init__(self, code: str, message: str, *, fatal: bool = False, close_code: int = CLOSE_POLICY,
+                 extra: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.code = code
         self.message = message
         self.fatal = fatal
         self.close_code = close_code
+        self.extra = extra or {}  # more fields of the error message (server_full: retry_after_ms)
 
 
 def clip(value: object, limit: int = ECHO_CHARS) -> str:
@@ -166,8 +168,8 @@ def encode(kind: str, **fields: Any) -> str:
     return json.dumps({"type": kind, **fields}, separators=(",", ":"))
 
 
-def error_message(code: str, message: str, fatal: bool = False) -> str:
-    return encode("error", code=code, message=message, fatal=fatal)
+def error_message(code: str, message: str, fatal: bool = False, **extra: Any) -> str:
+    return encode("error", code=code, message=message, fatal=fatal, **extra)
 
 
 def pack_audio(turn_id: int, seq: int, pcm16: bytes) -> bytes:

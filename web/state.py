@@ -2,6 +2,7 @@
 another session. Shared by the routes (web.app) and the socket handlers (web.ws, web.realtime)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,8 +11,11 @@ from parley.config import AppConfig
 from parley.thread_budget import available_cores
 from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from voice.trace import TurnTrace
 from web.admission import Admission
+from web.capacity import CostModel, LoadMeter, Refusal
 from web.metrics import Metrics
+from web.otel.export import Telemetry
 
 
 @dataclass
@@ -25,6 +29,8 @@ class AppState:
     connections: int = 0  # accepted sockets, started or not
     pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
     live: set[Any] = field(default_factory=set)  # every ws.Connection
+    meter: LoadMeter = field(default_factory=LoadMeter)  # each session's measured load (admission's cost model)
+    telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
 
     @property
     def stages(self) -> Stages:
@@ -37,19 +43,57 @@ class AppState:
         return Admission.from_config(server.sessions_per_core, cores, server.max_sessions, server.admit_max_wait_ms,
                                      server.admit_v2v_ratio, self.cfg.budgets_ms.get("voice_to_voice"))  # fmt: skip
 
+    def record_turn(self, trace: TurnTrace) -> None:
+        """A finished turn: /metrics, /api/traces and the trace log, and its spans when export is on."""
+        self.metrics.record_trace(trace.to_dict())
+        self.telemetry.turn(trace)
+
     def drop_session(self, session_id: str) -> None:
         """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""
         self.sessions.pop(session_id, None)
+        if self.runtime is not None:
+            forget = getattr(self.runtime.stages.runner, "forget_key", None)
+            if forget is not None:
+                forget(session_id)
         if not self.sessions:
             self.metrics.forget_recent()
             if self.runtime is not None:
                 self.runtime.stages.runner.forget_recent()
 
     def refusal(self) -> str | None:
-        """Why the server takes no new session now (web.admission), or None."""
+        """Why the server takes no new session now (web.admission, web.capacity), or None."""
+        full = self.refusal_detail()
+        return None if full is None else full.reason
+
+    def refusal_detail(self) -> Refusal | None:
+        """refusal(), with when a refused user may try again."""
         n = len(self.sessions)
-        if n >= self.cfg.server.max_sessions:
-            return f"the server already has {self.cfg.server.max_sessions} sessions"
+        server = self.cfg.server
+        if n >= server.max_sessions:
+            return Refusal(f"the server already has {server.max_sessions} sessions", 5000)
         runner = self.runtime.stages.runner if self.runtime is not None else None
-        return self.admission().refusal(n, runner.recent_wait_ms() if runner is not None else None,
-                                        self.metrics.recent_v2v_p95())  # fmt: skip
+        wait_ms = runner.recent_wait_ms() if runner is not None else None
+        if not server.admit_cost_model:
+            why = self.admission().refusal(n, wait_ms, self.metrics.recent_v2v_p95())
+            return None if why is None else Refusal(why, 5000)
+        cost = self.cost_model()
+        full = cost.refusal(self.session_loads())
+        if full is not None:
+            return full
+        why = Admission(0, server.admit_max_wait_ms).refusal(n, wait_ms)  # the machine behind now: catching up
+        return None if why is None else Refusal(why, int(max(1000.0, 2 * (wait_ms or 0.0))))
+
+    def cost_model(self) -> CostModel:
+        server = self.cfg.server
+        cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
+        heavy = 1.0 / server.sessions_per_core if server.sessions_per_core > 0 else cores / server.max_sessions
+        return CostModel(float(cores), heavy, self.meter.tau_s)
+
+    def session_loads(self, now_s: float | None = None) -> dict[str, float | None]:
+        """Each live session's load in cores (None: not measured long enough), from the busy time its engine steps
+        and stage jobs took."""
+        engine_busy = dict(getattr(self.runtime.engine, "busy_s", {}) if self.runtime is not None else {})
+        runner = self.runtime.stages.runner if self.runtime is not None else None
+        stage_busy = dict(getattr(runner, "busy_s", {}))
+        busy = {sid: engine_busy.get(sid, 0.0) + stage_busy.get(sid, 0.0) for sid in self.sessions}
+        return self.meter.observe(busy, time.monotonic() if now_s is None else now_s)

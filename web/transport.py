@@ -17,11 +17,55 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
-def guarded_h11(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, refusing connections past `max_connections` at once and closing one whose request
-    headers are not all in within `header_timeout_s` of its start (or of its previous response)."""
+def head_bytes(request: h11.Request) -> int:
+    """The size of a request's head as sent: request line and header lines with their CRLFs, and the blank line."""
+    line = len(request.method) + len(request.target) + len(b"HTTP/") + len(request.http_version) + 4
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
+
+
+class _HeadLimited(h11.Connection):
+    """h11's connection, refusing a request whose head (request line and headers) is over `max_head_bytes` even when
+    it arrived whole: h11's own bound only counts a head still incomplete, so one read of 100 KB went through."""
+
+    def __init__(self, *args: Any, max_head_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, max_incomplete_event_size=max_head_bytes, **kwargs)
+        self.max_head_bytes = max_head_bytes
+        self.refused_status: int | None = None  # the status the last protocol error asked for (431: head too large)
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.refused_status = exc.error_status_hint
+            raise
+        if isinstance(event, h11.Request) and head_bytes(event) > self.max_head_bytes:
+            self.refused_status = 431
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        return event
+
+
+def guarded_h11(header_timeout_s: float, max_connections: int, max_header_bytes: int = 65536) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, refusing connections past `max_connections` at once, closing one whose request
+    headers are not all in within `header_timeout_s` of its start (or of its previous response), and answering a
+    request whose head is over `max_header_bytes` with 431 (however it arrived, however many headers make it)."""
 
     class GuardedH11(H11Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _HeadLimited(h11.SERVER, max_head_bytes=max_header_bytes)
+
+        def send_400_response(self, msg: str) -> None:
+            status = self.conn.refused_status or 400
+            if status == 400:
+                return super().send_400_response(msg)
+            # the head was read (or abandoned) whole: answer, then close; nothing else of this connection is read
+            body = b"request header fields too large\n"
+            head = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"), (b"content-length", b"%d" % len(body))]
+            for event in (h11.Response(status_code=status, headers=head, reason=b"Request Header Fields Too Large"),
+                          h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:

@@ -36,18 +36,20 @@ async def handle(ws: WebSocket, state: AppState) -> None:
     server = state.cfg.server
     origin = ws.headers.get("origin")
     refusal: tuple[str, str, int] | None = None
+    retry: dict[str, int] = {}
     if not origin_allowed(origin, ws.headers.get("host"), server.allowed_origins):
         refusal = ("forbidden_origin", f"origin {P.clip(origin)} is not allowed", P.CLOSE_POLICY)
     elif server.token and not token_ok(given_token(ws.query_params, ws.headers, ws.cookies), server.token):
         refusal = ("unauthorized", "missing or wrong token (use ?token= or Authorization: Bearer)", P.CLOSE_POLICY)
-    elif (full := state.refusal()) is not None:
-        refusal = ("server_full", f"{full}; try again later", P.CLOSE_TRY_AGAIN)
+    elif (full := state.refusal_detail()) is not None:
+        refusal = ("server_full", f"{full.reason}; try again later", P.CLOSE_TRY_AGAIN)
+        retry = {"retry_after_ms": full.retry_after_ms}
     if refusal is not None:
         # accepted first so a browser client can read why (a refused handshake shows no reason to scripts)
         code, message, close_code = refusal
         state.metrics.error(code)
         await ws.accept()
-        await _safe_send(ws, P.error_message(code, message, fatal=True))
+        await _safe_send(ws, P.error_message(code, message, fatal=True, **retry))
         await _safe_close(ws, close_code)
         return
     connection = Connection(ws, state)
@@ -152,6 +154,7 @@ class Connection:
             if self.session is not None:
                 self.state.drop_session(self.session_id)
                 await self.session.close()
+                self.state.telemetry.session_closed(self.session_id)  # after close: its held traces are in
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
             self._finished.set()
@@ -184,7 +187,7 @@ class Connection:
                 if self.session is not None:  # only a started session's accepted messages keep it alive
                     self._active_at = time.monotonic()
             except P.ProtocolError as exc:
-                self._error(exc.code, exc.message, fatal=exc.fatal)
+                self._error(exc.code, exc.message, fatal=exc.fatal, **exc.extra)
                 if exc.fatal:
                     self.close_code = exc.close_code
                     return
@@ -251,8 +254,9 @@ class Connection:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
-        if (full := st.refusal()) is not None:
-            raise P.ProtocolError("server_full", f"{full}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN)
+        if (full := st.refusal_detail()) is not None:
+            raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
+                                  extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
         session = Session(
             self.session_id, st.stages, st.settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
             outbox=self.outbox, on_trace=self._on_trace,
@@ -261,6 +265,7 @@ class Connection:
         self.input_rate = msg.sample_rate
         st.sessions[self.session_id] = session
         st.pending.pop(self, None)
+        st.telemetry.session_opened(self.session_id, transport="ws", persona=session.persona_name, voice=session.voice_name)
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
 
@@ -281,10 +286,10 @@ class Connection:
         }
 
     def _on_trace(self, trace: TurnTrace) -> None:
-        self.state.metrics.record_trace(trace.to_dict())
+        self.state.record_turn(trace)
 
-    def _error(self, code: str, message: str, *, fatal: bool = False) -> None:
-        self.outbox.send("error", code=code, message=message, fatal=fatal)
+    def _error(self, code: str, message: str, *, fatal: bool = False, **extra: object) -> None:
+        self.outbox.send("error", code=code, message=message, fatal=fatal, **extra)
 
     def _limited(self, code: str, message: str) -> None:
         """A message dropped by a limit: one error a second per limit, counting the drops, not one per message."""

@@ -201,3 +201,16 @@ def test_startup_tiny(tmp_path: Path) -> None:
     assert set(first["stages"]) >= {"vad", "asr", "llm", "tts"} and all(v >= 0 for v in first["stages"].values())
     assert sum(first["stages"].values()) <= first["ready_s"] + 0.5  # each stage's load is part of the whole
     assert "first start" in proc.stdout and "median of" not in proc.stdout
+
+
+def test_load_churn_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+    """Two users arriving by the seeded Poisson process, one question each, then leaving."""
+    out = tmp_path / "churn.json"
+    proc = run_script("load", "--churn", "--tiny", "--server", real_server.url, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["arrivals"] == 2 and r["refused"] + r["errors"] == 0 and r["turns"] == 2, r["error_list"]
+    assert r["v2v_p95"] >= r["v2v_median"] > 0 and 1 <= r["open_max"] <= 2
+    assert r["greetings_synthesised"] + r["greetings_reused"] >= 2  # each user heard the greeting (concise has one)
+    assert r["busy_s"]["llm"] > 0 and r["busy_s"]["asr"] > 0 and r["busy_s"]["tts"] > 0  # /metrics: where time went
+    assert all(column in proc.stdout for column in ("Churn", "greetings synth/replayed", "open mean/max"))

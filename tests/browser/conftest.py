@@ -31,11 +31,13 @@ def playwright_instance() -> Iterator[object]:
 
 @pytest.fixture
 def launch(playwright_instance) -> Iterator[object]:
-    """launch(wav=None, fake_ui=True, autoplay=True) -> a new page in its own browser with that fake microphone."""
+    """launch(wav=None, fake_ui=True, autoplay=True, transport="ws") -> a new page in its own browser with that fake
+    microphone, on the socket unless `transport="webrtc"` (the page's own default)."""
     browsers = []
 
-    def _launch(wav: Path | None = None, *, fake_ui: bool = True, autoplay: bool = True, viewport: dict | None = None):
-        args = chromium_args(wav)
+    def _launch(wav: Path | None = None, *, fake_ui: bool = True, autoplay: bool = True, viewport: dict | None = None,
+                transport: str = "ws", extra_args: tuple[str, ...] = ()):
+        args = [*chromium_args(wav), *extra_args]
         if not fake_ui:
             args.remove("--use-fake-ui-for-media-stream")
         if not autoplay:  # the browser's default: sound only after a user gesture
@@ -44,6 +46,8 @@ def launch(playwright_instance) -> Iterator[object]:
         browsers.append(browser)
         context = browser.new_context(viewport=viewport or {"width": 1280, "height": 900},
                                       permissions=["microphone"] if fake_ui else [])
+        if transport == "ws":  # the socket's tests: the page's default (WebRTC) would leave the socket path unused
+            context.add_init_script("localStorage.setItem('parley.transport', 'ws')")
         page = context.new_page()
         page.set_default_timeout(60_000)
         page.on("console", lambda m: print(f"[page {m.type}] {m.text}") if m.type in ("error", "warning") else None)

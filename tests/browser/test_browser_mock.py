@@ -236,13 +236,13 @@ def test_phone_screen_fits_and_keyboard_reaches_every_control(launch, mock) -> N
     page = launch(viewport={"width": 375, "height": 740})
     open_page(page, mock)
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
-    for label in ("Persona", "Voice", "Type a message"):
+    for label in ("Persona", "Voice", "Link", "Type a message"):
         assert page.get_by_label(label).count() == 1
     order = []
     page.focus("body")
-    for _ in range(6):
+    for _ in range(7):
         page.keyboard.press("Tab")
         order.append(page.evaluate("document.activeElement.id"))
-    assert order[:5] == ["start", "persona", "voice", "text", "send"] or order[:4] == ["start", "persona", "voice", "text"]
+    assert order[:6] == ["start", "persona", "voice", "transport", "text", "send"] or order[:5] == ["start", "persona", "voice", "transport", "text"]
     assert page.get_attribute("#partial", "aria-live") == "polite"
     assert page.get_attribute("#error", "role") == "alert"

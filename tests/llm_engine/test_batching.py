@@ -127,7 +127,7 @@ def test_cancel_inside_a_batch_frees_its_slot_at_once_and_leaves_the_others_inta
     got = len(rec.token_steps["c"])
     rec.streams["c"].cancel()
     rec.step()  # the cancel is taken before this step's forward
-    assert not engine.slots.slots[slot].busy and engine.scheduler.decoding() == [1, 2, 4]
+    assert not engine.slots.slots[slot].busy and sorted(engine.scheduler.decoding()) == [1, 2, 4]
     assert rec.batch_sizes[-1] == 3
     # The freed slot goes to a newcomer right away (LRU: the cancelled session's idle slot is the only one).
     rec.submit("e", "Name a colour.", SamplingParams(max_new_tokens=6))

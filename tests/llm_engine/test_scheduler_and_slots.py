@@ -24,7 +24,7 @@ def test_fifo_admission_and_one_batched_decode_of_everyone_past_prefill():
     assert not s.has_room()
     with pytest.raises(RuntimeError):
         s.start(4)  # the batch is bounded
-    assert s.plan().prefill == 2  # the earliest admitted prompt keeps the chunk: 3 waits its turn, 2 never starves
+    assert s.plan().prefill == 2  # no chunk ran yet (chunk_ran): ties go to the earliest admitted
     s.prefill_done(2)
     assert s.plan() == StepPlan(3, 16, (1, 2))
     s.prefill_done(3)
@@ -182,3 +182,46 @@ def test_copy_prefix_copies_every_layer_of_the_first_positions_only():
     cache.copy_prefix(0, 1, 5)
     assert torch.equal(cache.k[:, 1, :, :5], cache.k[:, 0, :, :5]) and torch.equal(cache.v[:, 1, :, :5], cache.v[:, 0, :, :5])
     assert torch.equal(cache.k[:, 1, :, 5:], before[:, :, 5:])
+
+
+def test_prompt_chunks_go_round_robin_by_session_so_two_sessions_prompts_interleave():
+    s = BatchScheduler(max_batch=4, chunk_tokens=16, solo_chunk_tokens=64)
+    s.enqueue(1, "bomber")  # a long prompt admitted first ...
+    s.enqueue(2, "bystander")  # ... then a bystander's
+    s.start(1)
+    s.start(2)
+    ran = []
+    for _ in range(6):
+        job = s.plan().prefill
+        assert job is not None
+        ran.append(job)
+        s.chunk_ran(job)
+    assert ran == [1, 2, 1, 2, 1, 2]  # not 1, 1, 1, ... until the bomber's prompt is through
+    s.prefill_done(2)  # the bystander's first token is out
+    assert s.plan() == StepPlan(1, 16, (2,))
+    s.chunk_ran(1)
+    s.remove(1)  # the bomber's request ends; its next one is queued at once ...
+    s.enqueue(3, "bystander")  # (after the bystander's next question)
+    s.enqueue(4, "bomber")
+    s.remove(2)
+    s.start(3)
+    s.start(4)
+    assert s.plan().prefill == 3  # ... and it does not jump the turn: the bystander's session ran its chunk longer ago
+    s.chunk_ran(3)
+    assert s.plan().prefill == 4
+
+
+def test_a_session_of_its_own_per_job_when_none_is_given_and_held_jobs_give_their_turn_away():
+    s = BatchScheduler(max_batch=3, chunk_tokens=16, solo_chunk_tokens=64)
+    for j in (1, 2, 3):
+        s.enqueue(j)
+        s.start(j)
+    s.hold(1, True)
+    order = []
+    for _ in range(4):
+        job = s.plan().prefill
+        order.append(job)
+        s.chunk_ran(job)
+    assert order == [2, 3, 2, 3]  # 1 is held: it keeps its place but sits out
+    s.hold(1, False)
+    assert s.plan().prefill == 1  # released: its chunk ran longest ago (never)

@@ -30,9 +30,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"  # the sources only, so the build writes nothing into the checkout
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for pkg in PACKAGES:
+    for pkg in (*PACKAGES, "configs"):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     dist = tmp / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)], tmp)
@@ -70,3 +70,13 @@ def test_the_installed_commands_run(installed: Path) -> None:
     assert "--server" in _run([str(installed / "parley"), "client", "--help"], cwd, _env()).stdout
     models = _run([str(installed / "parley"), "models"], cwd, _env()).stdout
     assert "llm" in models and "asr" in models and "tts" in models
+    assert "--port" in _run([str(installed / "parley"), "serve", "--help"], cwd, _env()).stdout
+
+
+def test_the_installed_parley_reads_the_configs_inside_the_wheel(installed: Path) -> None:
+    """configs/ sits at the checkout's top level; installed, the default config is the copy the wheel carries."""
+    out = _run([str(installed / "python"), "-c", "from parley.config import DEFAULT_CONFIG, load_config; "
+                "print(DEFAULT_CONFIG); print(load_config().default_persona)"], installed.parent, _env()).stdout  # fmt: skip
+    path, persona = out.split()
+    assert Path(path).is_file() and str(ROOT) not in path and Path(path).parent.name == "configs"
+    assert Path(path).parent.parent.name == "parley" and persona

@@ -13,6 +13,13 @@ from ws_client import Client
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
 async def assert_still_serving(live_server) -> None:
     """A fresh session starts normally after the bad one."""
     async with Client(live_server.ws_url()) as c:
@@ -141,7 +148,11 @@ async def test_server_full(live_server) -> None:
     async with Client(live_server.ws_url()) as extra:
         err = await extra.wait_for("error")
         assert (err["code"], err["fatal"]) == ("server_full", True)
+        assert "sessions" in err["message"] and err["retry_after_ms"] >= 1000  # why, and when to try again
         assert await extra.wait_closed() == 1013
+    health = json.loads(await asyncio.to_thread(_get, live_server.http + "/healthz"))
+    assert health["accepting"] is False and "sessions" in health["refusing"]
+    assert 0 < health["committed_cores"] and health["cores"] >= 1  # the cost model's view: what the sessions commit
     for c in clients:
         await c.__aexit__()
     await asyncio.sleep(0.2)

@@ -36,7 +36,7 @@ def test_turn_detection_maps_onto_the_turn_policy() -> None:
 
 
 @pytest.mark.parametrize("session", [
-    {"type": "transcription"}, {"audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+    {"type": "transcription"}, {"audio": {"input": {"format": {"type": "audio/g729"}}}},
     {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
     {"audio": {"input": {"turn_detection": {"type": "psychic"}}}}, {"instructions": 5},
     {"output_modalities": ["audio", "text"]},

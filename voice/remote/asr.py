@@ -15,7 +15,7 @@ import soundfile as sf
 
 from voice.asr import Transcript
 from voice.audio import SAMPLE_RATE
-from voice.remote.client import RemoteSpec, RemoteStageError
+from voice.remote.client import RemoteSpec, RemoteStageError, trace_headers
 
 
 class RemoteTranscriber:
@@ -41,6 +41,7 @@ class RemoteTranscriber:
         try:
             result = self._client.audio.transcriptions.create(
                 model=self.spec.model, file=("utterance.wav", buf.getvalue(), "audio/wav"), response_format="verbose_json",
+                extra_headers=trace_headers(),  # this thread runs in the session's context (voice.scheduler)
             )  # fmt: skip
         except (openai.APIError, OSError) as exc:
             raise RemoteStageError(f"ASR server {self.spec.describe(exc)}") from None

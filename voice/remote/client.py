@@ -5,6 +5,16 @@ import os
 from dataclasses import dataclass
 
 
+def trace_headers() -> dict[str, str]:
+    """The current OpenTelemetry context as a `traceparent` header (none when no span is current, or export is off),
+    so the stage server's span joins the caller's trace (docs/observability.md)."""
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
 class RemoteStageError(RuntimeError):
     """A remote stage failed (down, timed out, refused): the session reports it and goes on."""
 

@@ -16,7 +16,7 @@ from contextlib import aclosing
 from typing import Any
 
 from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken
-from voice.remote.client import RemoteSpec
+from voice.remote.client import RemoteSpec, trace_headers
 
 _REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
 
@@ -80,6 +80,7 @@ class RemoteLlm:
             stream = await self._client().chat.completions.create(
                 model=self.spec.model, messages=[{"role": r, "content": c} for r, c in messages], max_tokens=max_tokens,
                 temperature=temperature, seed=seed, user=session_id, stream=True, stream_options={"include_usage": True},
+                extra_headers=trace_headers(),
             )  # fmt: skip
             async with stream:  # leaving closes the response: the server takes it as a cancel
                 async for chunk in stream:

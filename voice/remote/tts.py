@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from voice.audio import pcm16_to_float
-from voice.remote.client import RemoteSpec, RemoteStageError
+from voice.remote.client import RemoteSpec, RemoteStageError, trace_headers
 
 PCM_RATE = 24000  # what OpenAI's `pcm` format is
 _READ_BYTES = 4800  # 100 ms
@@ -35,6 +35,7 @@ class RemoteTts:
         try:
             with self._client.audio.speech.with_streaming_response.create(
                 model=self.spec.model, voice=voice or self.default_voice, input=text, response_format="pcm", speed=rate,
+                extra_headers=trace_headers(),  # this thread runs in the session's context (voice.scheduler)
             ) as response:  # fmt: skip
                 rest = b""
                 for data in response.iter_bytes(_READ_BYTES):

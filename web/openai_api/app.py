@@ -20,6 +20,8 @@ from web.guard import Guard
 from web.metrics import Metrics, stage_counters
 from web.openai_api import audio, chat
 from web.openai_api.schema import ApiError
+from web.otel.export import Telemetry, llm_facts
+from web.otel.requests import RequestSpans
 
 # OpenAI's speech voices: each speaks as server.openai_voices says, else as the default persona's voice
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
@@ -76,6 +78,7 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
     holder: dict[str, rt.Runtime] = {} if runtime is None else {"runtime": runtime}
     served = frozenset(cfg.server.stages)
     metrics = Metrics(None)
+    telemetry = Telemetry(cfg.observability, llm_facts(cfg))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,8 +90,10 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
         finally:
             if owned:
                 holder["runtime"].close()
+            await asyncio.to_thread(telemetry.shutdown)
 
     app = FastAPI(title="Parley stages", lifespan=lifespan)
+    app.add_middleware(RequestSpans, telemetry=telemetry)  # inside the Guard: refused requests make no spans
     listens_on = () if cfg.server.host in ("0.0.0.0", "::", "") else (cfg.server.host,)
     app.add_middleware(Guard, hosts=(*listens_on, *cfg.server.allowed_hosts), token=cfg.server.token)
 
@@ -117,7 +122,7 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
             if "llm" in r.served:
                 gauges["parley_engine_active_slots"] = r.stages.llm.active_slots()
                 counters = stage_counters(r.stages.llm)
-        return PlainTextResponse(metrics.render(gauges, counters), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(gauges, counters) + telemetry.exposition(), media_type="text/plain; version=0.0.4")
 
     mount(app, cfg, current, served)
     return app

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from web.openai_api.schema import ApiError, ChatRequest, require_stage
+from web.otel.requests import annotate_chat
 from parley.runtime import Runtime
 
 SESSION_HEADER = "x-parley-session"
@@ -82,6 +83,7 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
                     raise ApiError(500, f"generation failed: {event.message}", type="server_error")
                 else:
                     fin = event
+        annotate_chat(head["model"], fin)
         if fin.reason == "context" and fin.generated_tokens == 0:
             raise ApiError(400, f"messages: the last message alone is longer than the context ({engine.max_seq_len} "
                            "tokens, less room for the reply)", param="messages", code="context_length_exceeded")  # fmt: skip
@@ -113,6 +115,7 @@ async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool) -> Asyn
                 yield f"data: {json.dumps({'error': err})}\n\n"
                 return
             else:
+                annotate_chat(head["model"], event)
                 yield chunk({}, _FINISH[event.reason])
                 if include_usage:
                     yield chunk(None, usage=_usage(event))

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from voice.codec import G711_RATE
 from voice.turn_policy import TurnPolicy
 
 RATE = 24000  # OpenAI's audio/pcm: 16-bit mono little-endian at 24 kHz, in and out
@@ -25,8 +26,19 @@ class _Wire(BaseModel):
 
 
 class AudioFormat(_Wire):
-    type: Literal["audio/pcm"] = "audio/pcm"  # G.711 (audio/pcmu, audio/pcma) is not supported
-    rate: Literal[24000] = RATE
+    """audio/pcm: PCM16 at 24 kHz; audio/pcmu, audio/pcma: G.711 μ-law / A-law at 8 kHz (no rate)."""
+
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    rate: Literal[24000, 8000] | None = None
+
+    @model_validator(mode="after")
+    def _rate_of_type(self) -> "AudioFormat":
+        if self.rate is not None and self.rate != (RATE if self.type == "audio/pcm" else G711_RATE):
+            raise ValueError(f"{self.type} is at {RATE if self.type == 'audio/pcm' else G711_RATE} Hz, not {self.rate}")
+        return self
+
+
+BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
 class TurnDetectionIn(_Wire):
@@ -71,6 +83,8 @@ class SessionIn(_Wire):
     voice: str | None = None  # beta
     turn_detection: TurnDetectionIn | None = None  # beta
     input_audio_transcription: dict[str, Any] | None = None  # beta
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None  # beta
+    output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None  # beta
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,8 @@ class RealtimeConfig:
     transcription: dict[str, Any] | None = None
     max_output_tokens: int | None = None
     speed: float = 1.0
+    input_format: str = "audio/pcm"  # audio/pcm | audio/pcmu | audio/pcma
+    output_format: str = "audio/pcm"
 
     def updated(self, s: SessionIn) -> "RealtimeConfig":
         """This configuration with a `session.update` applied (fields it does not name are kept)."""
@@ -115,6 +131,12 @@ class RealtimeConfig:
             changes["voice"] = voice if isinstance(voice, str) else str(voice.get("id", ""))
         if audio_out is not None and audio_out.speed is not None:
             changes["speed"] = audio_out.speed
+        for key, part, beta in (("input_format", audio_in, s.input_audio_format),
+                                ("output_format", audio_out, s.output_audio_format)):  # fmt: skip
+            if part is not None and part.format is not None:
+                changes[key] = part.format.type
+            elif beta is not None:
+                changes[key] = BETA_FORMATS[beta]
         td_set = audio_in is not None and "turn_detection" in audio_in.model_fields_set
         td = audio_in.turn_detection if td_set and audio_in is not None else s.turn_detection
         if td_set or "turn_detection" in s.model_fields_set:
@@ -144,7 +166,6 @@ class RealtimeConfig:
         return td.threshold if td is not None and td.type == "server_vad" else base
 
     def to_wire(self, session_id: str, model: str) -> dict[str, Any]:
-        fmt = {"type": "audio/pcm", "rate": RATE}
         td = self.turn_detection
         turn: dict[str, Any] | None = None
         if td is not None and td.type == "server_vad":
@@ -157,12 +178,16 @@ class RealtimeConfig:
         return {
             "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
             "output_modalities": [self.modality], "instructions": self.instructions,
-            "audio": {"input": {"format": fmt, "transcription": self.transcription, "noise_reduction": None,
+            "audio": {"input": {"format": _format(self.input_format), "transcription": self.transcription, "noise_reduction": None,
                                 "turn_detection": turn},
-                      "output": {"format": fmt, "voice": self.voice, "speed": self.speed}},
+                      "output": {"format": _format(self.output_format), "voice": self.voice, "speed": self.speed}},
             "tools": [], "tool_choice": "auto", "tracing": None, "prompt": None, "truncation": "auto",
             "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
         }  # fmt: skip
+
+
+def _format(kind: str) -> dict[str, Any]:
+    return {"type": kind, "rate": RATE} if kind == "audio/pcm" else {"type": kind}
 
 
 def _detection(td: TurnDetectionIn) -> TurnDetection:

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from voice.audio import SAMPLE_RATE, pcm16_to_float, resample
+from voice.audio import SAMPLE_RATE
 from voice.outbox import OutAudio, Outbox
 from voice.session import InputError, Session
 from voice.trace import now_ns
@@ -28,6 +28,7 @@ from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
 from web.realtime.config import RATE, RealtimeConfig, SessionIn
 from web.realtime.translate import Translator, error_event, new_id
+from web.realtime.wire_audio import WireAudio, bytes_per_second
 from web.state import AppState
 from web.ws import receive_until
 
@@ -85,8 +86,9 @@ class RealtimeConnection:
         self.base = state.settings
         settings = replace(state.settings, output_sample_rate=RATE, greet=False)  # OpenAI's rate; no greeting
         self.session = Session(self.session_id, state.stages, settings, state.personas, state.cfg.default_persona,
-                               outbox=self.outbox, on_trace=lambda t: state.metrics.record_trace(t.to_dict()))  # fmt: skip
+                               outbox=self.outbox, on_trace=state.record_turn)  # fmt: skip
         self.translator = Translator()
+        self.wire_audio = WireAudio()  # audio/pcm, or G.711 (audio/pcmu, audio/pcma), each way
         self.rate = RateLimiter(self.limits.max_messages_per_s)
         self.audio_rate = RateLimiter(1.0, burst_s=self.limits.audio_burst_s)
         self.buffer: list[np.ndarray] = []  # manual commits: the audio appended since the last commit (16 kHz)
@@ -99,6 +101,7 @@ class RealtimeConnection:
         st = self.state
         st.sessions[self.session_id] = self.session
         st.metrics.session_opened()
+        st.telemetry.session_opened(self.session_id, transport="realtime", model=self.model)
         self._native({"type": "session.created", "session": self._wire()})
         try:
             async with asyncio.TaskGroup() as tg:
@@ -114,6 +117,7 @@ class RealtimeConnection:
             for task in self._tasks:
                 task.cancel()
             await self.session.close()
+            st.telemetry.session_closed(self.session_id)
             st.metrics.session_closed()
             try:
                 await self.ws.close(P.CLOSE_GOING_AWAY if self._stop.is_set() else P.CLOSE_NORMAL)
@@ -223,17 +227,18 @@ class RealtimeConnection:
 
     def _append(self, event: dict[str, Any], arrival_ns: int) -> None:
         audio = event.get("audio")
+        kind = self.config.input_format
         if not isinstance(audio, str):
-            raise EventError("invalid_value", "audio: base64 PCM16 24 kHz mono expected", param="audio")
+            raise EventError("invalid_value", f"audio: base64 {kind} mono expected", param="audio")
         try:
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise EventError("invalid_value", "audio: not valid base64", param="audio") from None
-        if len(data) % 2:
-            raise EventError("invalid_value", f"audio: odd length {len(data)}; PCM16 needs 2 bytes a sample", "audio")
-        if not self.audio_rate.allow(cost=len(data) / 2 / RATE):
+        if (wrong := self.wire_audio.check(kind, data)) is not None:
+            raise EventError("invalid_value", f"audio: {wrong}", "audio")
+        if not self.audio_rate.allow(cost=len(data) / bytes_per_second(kind)):
             raise EventError("rate_limited", "audio is arriving faster than real time; the excess is dropped", "audio")
-        samples = resample(pcm16_to_float(data), RATE, SAMPLE_RATE)
+        samples = self.wire_audio.decode(kind, data)
         if self.config.turn_detection is None:  # manual: held until commit
             held = sum(len(b) for b in self.buffer)
             if held + len(samples) > self.base.turns.max_turn_ms / 1000 * SAMPLE_RATE:
@@ -345,7 +350,7 @@ class RealtimeConnection:
         while True:
             item = await self.outbox.get()
             if isinstance(item, OutAudio):
-                events = self.translator.audio(item.turn_id, item.pcm16)
+                events = self.translator.audio(item.turn_id, self.wire_audio.encode(self.config.output_format, item.turn_id, item.pcm16))
             elif item.body["type"] == _NATIVE:
                 events = [item.body["event"]]
             else:

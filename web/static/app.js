@@ -8,13 +8,17 @@ import { remember, remembered } from "./prefs.js";
 import { SpeechRun } from "./speech-run.js";
 import * as ui from "./ui.js";
 import { TurnLog } from "./turn-log.js";
+import { RtcConnection, chosenTransport, rememberTransport } from "./rtc.js";
 
 const BARGE_IN_MS = 200; // voiced mic time during playback before we stop the reply ourselves
 const MARK_EVERY_MS = 250; // playback.mark cadence while a reply plays
 const THINKING_GIVE_UP_MS = 15000; // speech that never became a turn (noise) stops showing "thinking"
 
 const $ = (id) => document.getElementById(id);
-const conn = new Connection(socketUrl(location.href));
+// WebRTC where the browser has it (and it connects: else RtcConnection falls back to the socket by itself)
+const conn = chosenTransport(location.href) === "webrtc"
+  ? new RtcConnection(location.href, socketUrl(location.href))
+  : new Connection(socketUrl(location.href));
 conn.wanted = remembered();
 const player = new Player();
 const conversation = new ui.Conversation($("conversation"));
@@ -79,6 +83,8 @@ const handlers = {
     ui.fillPicker("persona", msg.personas, msg.persona);
     ui.fillPicker("voice", msg.voices, msg.voice);
     stats.outputRate = msg.output_sample_rate;
+    stats.transport = conn.transport ?? "ws";
+    $("transport").value = stats.transport;
     stats.sessionId = msg.session_id;
     stats.persona = msg.persona;
     stats.voice = msg.voice;
@@ -260,6 +266,8 @@ async function startTalking() {
   try {
     if (conn.ready) await player.ensure(conn.ready.output_sample_rate).catch(onAudioError);
     mic = await startMic(onMicFrame);
+    if (conn.attachMic) await conn.attachMic(mic.stream.getAudioTracks()[0]); // WebRTC: the mic is the media track
+    conn.resume?.();
     ui.clearError("mic");
   } catch (err) {
     ui.showError("mic", err.message);
@@ -370,6 +378,12 @@ const onAudioError = (err) => ui.showError("audio", `Sound output could not star
 $("start").addEventListener("click", startTalking);
 $("stop").addEventListener("click", stopTalking);
 
+$("transport").addEventListener("change", (ev) => {
+  rememberTransport(ev.target.value);
+  const url = new URL(location.href);
+  url.searchParams.set("transport", ev.target.value);
+  location.assign(url.toString());
+});
 $("persona").addEventListener("change", (ev) => conn.send(sessionUpdate({ persona: ev.target.value })));
 $("voice").addEventListener("change", (ev) => conn.send(sessionUpdate({ voice: ev.target.value })));
 
@@ -379,6 +393,7 @@ $("typed").addEventListener("submit", async (ev) => {
   const text = box.value.trim();
   if (!text || !conn.isReady) return;
   if (conn.ready) await player.ensure(conn.ready.output_sample_rate).catch(onAudioError);
+  conn.resume?.();
   log.typed(text, performance.now());
   conn.send(inputText(text));
   conversation.typed(text);

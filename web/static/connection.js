@@ -1,6 +1,6 @@
 // The /ws link: opens it, sends session.start, splits JSON from binary audio, reconnects with backoff.
 // Knows the protocol's framing only; what messages mean is app.js's business.
-import { backoffMs, parseAudioFrame, sessionStart } from "./protocol.js";
+import { backoffMs, parseAudioFrame, sessionStart, wantedAfter } from "./protocol.js";
 
 // Close codes the server may use for "no room now" (1013 Try Again Later) and policy refusals.
 const CLOSE_TRY_AGAIN = 1013;
@@ -109,11 +109,7 @@ export class Connection extends EventTarget {
 
   send(msg) {
     if (this.ws?.readyState !== WebSocket.OPEN) return false;
-    if (msg.type === "session.update") {
-      // A new persona brings its own voice unless one is named too.
-      const voice = msg.voice ?? (msg.persona ? null : this.wanted.voice);
-      this.wanted = { persona: msg.persona ?? this.wanted.persona, voice };
-    }
+    this.wanted = wantedAfter(this.wanted, msg);
     this.ws.send(JSON.stringify(msg));
     return true;
   }

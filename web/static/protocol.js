@@ -24,6 +24,14 @@ export function sessionUpdate({ persona, voice }) {
   return msg;
 }
 
+// The persona and voice to ask for again after a reconnect, once `msg` (a session.update) is sent:
+// a new persona brings its own voice unless one is named too.
+export function wantedAfter(wanted, msg) {
+  if (msg.type !== "session.update") return wanted;
+  const voice = msg.voice ?? (msg.persona ? null : wanted.voice);
+  return { persona: msg.persona ?? wanted.persona, voice };
+}
+
 export const inputText = (text) => ({ type: "input.text", text });
 export const responseCancel = () => ({ type: "response.cancel" });
 export const playbackMark = (turnId, playedMs) => ({

@@ -1,0 +1,75 @@
+"""Admission from committed work (web.capacity) on scripted loads: measured sessions count what they cost, so the
+ninth heavy session is refused and the eighth is not, while light ones leave room; a refusal says when to retry."""
+from __future__ import annotations
+
+import pytest
+
+from web.capacity import CostModel, LoadMeter
+
+HEAVY = 0.25  # cores a heavy session keeps busy (on 2 cores, the bench's eight)
+
+
+class Load:
+    """Sessions whose busy core-seconds grow at a scripted rate, observed once a second."""
+
+    def __init__(self, model: CostModel) -> None:
+        self.model, self.meter = model, LoadMeter(tau_s=model.tau_s)
+        self.rate: dict[str, float] = {}
+        self.busy: dict[str, float] = {}
+        self.now_s = 0.0
+
+    def run(self, seconds: int) -> dict[str, float | None]:
+        loads = self.meter.observe(self.busy, self.now_s)
+        for _ in range(seconds):
+            self.now_s += 1.0
+            for key, rate in self.rate.items():
+                self.busy[key] += rate
+            loads = self.meter.observe(self.busy, self.now_s)
+        return loads
+
+    def join(self, key: str, rate: float) -> bool:
+        """A newcomer asks; admitted (and working at `rate` from now on) unless the model refuses."""
+        if self.model.refusal(self.run(0)) is not None:
+            return False
+        self.rate[key], self.busy[key] = rate, 0.0
+        return True
+
+
+def test_the_ninth_heavy_session_is_refused_and_the_eighth_is_not() -> None:
+    load = Load(CostModel(cores=2.0, session_cores=HEAVY))
+    for i in range(8):
+        assert load.join(f"heavy-{i}", HEAVY), f"session {i + 1} refused"
+        load.run(5)  # it talks a while: measured
+    loads = load.run(30)
+    assert all(v == pytest.approx(HEAVY, rel=0.02) for v in loads.values())
+    refusal = load.model.refusal(loads)
+    assert refusal is not None and "8 sessions here keep 2.00 of 2 cores busy" in refusal.reason
+    assert 1000 <= refusal.retry_after_ms <= 60_000
+    assert not load.join("heavy-8", HEAVY)
+    del load.rate["heavy-0"], load.busy["heavy-0"]  # one leaves: room again at once
+    assert load.join("heavy-8", HEAVY)
+
+
+def test_light_sessions_leave_room_that_a_count_would_not() -> None:
+    load = Load(CostModel(cores=2.0, session_cores=HEAVY))
+    admitted = 0
+    for i in range(16):
+        if load.join(f"listener-{i}", 0.05):
+            admitted += 1
+        load.run(5)
+    assert admitted >= 12  # listeners cost a fifth of a talker: far more than eight fit
+    loads = load.run(20)
+    assert load.model.committed(loads) <= 2.0
+
+
+def test_a_burst_of_unmeasured_arrivals_counts_each_as_heavy() -> None:
+    model = CostModel(cores=2.0, session_cores=HEAVY)
+    meter = LoadMeter()
+    busy: dict[str, float] = {}
+    admitted = 0
+    for i in range(12):  # all within the same second: nothing is measured yet
+        if model.refusal(meter.observe(busy, 0.5)) is None:
+            busy[f"s{i}"] = 0.0
+            admitted += 1
+    assert admitted == 8
+    assert model.refusal({}) is None  # an empty server always takes one

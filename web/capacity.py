@@ -1,0 +1,74 @@
+"""Admission from committed work: each session's measured load (its share of the engine's steps, a batched step
+split among the sessions in it, plus the worker time of its recognition and synthesis; a moving average) summed,
+plus what a newcomer is expected to cost, against the cores.
+
+Pure: the caller hands in each session's cumulative busy core-seconds and the time; no clock, no I/O. A session
+not yet measured counts as a heavy one (`session_cores`, from bench/load.py's measured sessions per core), so a
+burst of arrivals cannot overshoot before anything is known; a measured one counts as what it really costs, so
+listeners and readers leave room that talkers would not.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+    retry_after_ms: int
+
+
+@dataclass
+class LoadMeter:
+    """Per session: cores kept busy, an exponential moving average over `tau_s` of its busy time's growth."""
+
+    tau_s: float = 10.0
+    min_age_s: float = 2.0  # measured for less than this: not known yet (counts as heavy)
+    _seen: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)  # key -> (first_s, busy_s, at_s, cores)
+
+    def observe(self, busy_s: Mapping[str, float], now_s: float) -> dict[str, float | None]:
+        """busy_s: each live session's cumulative busy core-seconds. -> its load in cores (None: not known yet).
+        Sessions missing from `busy_s` are forgotten."""
+        loads: dict[str, float | None] = {}
+        for key, busy in busy_s.items():
+            first, last_busy, at, cores = self._seen.get(key, (now_s, busy, now_s, 0.0))
+            dt = now_s - at
+            if dt > 0:
+                weight = 1.0 - math.exp(-dt / self.tau_s)
+                cores += weight * (max(0.0, busy - last_busy) / dt - cores)
+                last_busy, at = busy, now_s
+            self._seen[key] = (first, last_busy, at, cores)
+            # before tau_s has passed the average is still warming from zero: scale it up to what it has seen
+            age = now_s - first
+            loads[key] = None if age < self.min_age_s else cores / (1.0 - math.exp(-age / self.tau_s))
+        for key in [k for k in self._seen if k not in busy_s]:
+            del self._seen[key]
+        return loads
+
+
+@dataclass(frozen=True)
+class CostModel:
+    cores: float  # what committed work may fill
+    session_cores: float  # a new (or not yet measured) session's expected load: a heavy one
+    tau_s: float = 10.0  # the meter's averaging time: how fast a finished talker's load fades
+
+    def committed(self, loads: Mapping[str, float | None]) -> float:
+        return sum(self.session_cores if load is None else load for load in loads.values())
+
+    def refusal(self, loads: Mapping[str, float | None]) -> Refusal | None:
+        """Why one more session would push committed work past the cores (and when to try again), or None."""
+        if not loads:
+            return None  # an empty server always takes one
+        committed = self.committed(loads)
+        if committed + self.session_cores <= self.cores + 1e-9:
+            return None
+        # if the excess stopped now, the average would fall below the room a newcomer needs after about:
+        room = max(self.cores - self.session_cores, 1e-3)
+        retry_s = self.tau_s * math.log(max(committed / room, 1.0 + 1e-3))
+        return Refusal(
+            f"the {len(loads)} sessions here keep {committed:.2f} of {self.cores:g} cores busy; another "
+            f"(~{self.session_cores:.2f}) would pass what the cores can do",
+            int(min(max(1000.0, 1000.0 * retry_s), 60_000.0)),
+        )
