@@ -101,11 +101,23 @@ class StaticKVCache:
                     self._decode(self.v[layer][slot_idx], self.v_scale[layer][slot_idx]))  # fmt: skip
         return self.k[layer][slot_idx], self.v[layer][slot_idx]
 
+    def stored(self) -> list[torch.Tensor]:
+        """The tensors that hold the cache, each [layers, slots, kv_heads, max_seq, ...]: keys, values (and scales)."""
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+    def save_prefix(self, slot: int, n: int) -> list[torch.Tensor]:
+        """A copy of positions [0, n) of `slot`, every layer, as stored (for load_prefix)."""
+        return [t[:, slot, :, :n].clone() for t in self.stored()]
+
+    def load_prefix(self, saved: Sequence[torch.Tensor], dst: int, n: int) -> None:
+        """The first n positions of what save_prefix returned into slot dst."""
+        for t, s in zip(self.stored(), saved, strict=True):
+            t[:, dst, :, :n] = s[:, :, :n]
+
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Positions [0, n) of slot src, every layer, into slot dst (the prefix cache across slots), as stored."""
-        for t in (self.k, self.v, self.k_scale, self.v_scale):
-            if t is not None:
-                t[:, dst, :, :n] = t[:, src, :, :n]
+        for t in self.stored():
+            t[:, dst, :, :n] = t[:, src, :, :n]
 
     def read(self, layer: int, slots: Sequence[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> keys, values [B, kv_heads, kv_len, head_dim]; a view (no copy) for a single slot of a float cache,

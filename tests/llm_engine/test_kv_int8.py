@@ -60,6 +60,25 @@ def test_write_read_copy_and_the_row_api_agree() -> None:
     assert torch.equal(cache.k[0, 2, :, 6], other.k[0, 2, :, 6])
 
 
+def test_a_pinned_prefix_keeps_its_scales() -> None:
+    """engine.prefix_pins saves and restores an int8 cache's positions as stored, scales with the codes."""
+    from llm_engine.prefix_pins import PrefixPins
+
+    cache = StaticKVCache(2, 2, 2, 32, 16, dtype=torch.int8)
+    torch.manual_seed(3)
+    cache.write(0, [0], torch.arange(20)[None], torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16))
+    pinned = cache.save_prefix(0, 20)
+    assert [t.shape[-1] for t in pinned] == [16, 16, 20, 20]  # codes, codes, scales, scales
+    pins = PrefixPins()
+    pins.pin(cache, 0, list(range(20)))
+    cache.write(0, [0], torch.arange(20)[None], torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16))  # slot 0 moves on
+    found = pins.best(list(range(20)))
+    assert found is not None
+    pins.copy_into(cache, found[0], 1, found[1])
+    assert all(torch.equal(t[:, 1, :, :20], p) for t, p in zip(cache.stored(), pinned, strict=True))
+    assert not torch.equal(cache.k_scale[:, 1, :, :20], cache.k_scale[:, 0, :, :20])
+
+
 def tiny(scheme: str, head_dim: int, seed: int = 0) -> Transformer:
     cfg = ModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=head_dim, qkv_bias=True)  # fmt: skip
