@@ -13,13 +13,13 @@ setup-test:
 	@scripts/setup.sh test
 
 run: setup
-	@$(PY) -m parley.cli serve $(ARGS)
+	@$(PY) -m cli.main serve $(ARGS)
 
 test: setup-test
 	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 models: setup
-	@$(PY) -m parley.cli models
+	@$(PY) -m cli.main models
 
 clean:
 	rm -rf .venv .pytest_cache

@@ -1,75 +1,24 @@
-"""Starts and stops a `parley serve` subprocess for a benchmark, samples its CPU and memory, and describes
-the machine. Knows the CLI's command line and its "listening" line, not the protocol.
+"""A benchmark's server: a `parley serve` started for it (bench/parley_process.py) or one given by URL; samples its
+CPU and memory, and describes the machine. Knows nothing of the protocol.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import platform
-import re
-import subprocess
-import sys
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-_LISTENING = re.compile(r"Parley is listening on (http://\S+)")
-
-
-@dataclass
-class ServerProcess:
-    proc: subprocess.Popen[str]
-    url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from bench.parley_process import ROOT, ParleyProcess
 
 
 def start_server(trace_log: Path, log_path: Path, *, config: str | None = None, sets: tuple[str, ...] = (),
-                 port: int = 0, timeout_s: float = 180.0, command: str = "serve") -> ServerProcess:
-    """`parley serve` (or `parley stages`) on 127.0.0.1 (port 0: any free one); returns once it is listening."""
-    argv = [sys.executable, "-m", "parley.cli"]
-    if config:
-        argv += ["--config", config]
-    for s in (f"server.port={port}", f"server.trace_log={trace_log}", "server.host=127.0.0.1", *sets):
-        argv += ["--set", s]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    log = open(log_path, "w")  # noqa: SIM115  (the copier thread owns it)
-    proc = subprocess.Popen([*argv, command], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    found = threading.Event()
-    url: list[str] = []
-    threading.Thread(target=_copy, args=(proc.stdout, log, url, found), daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not found.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"parley {command} did not start (exit {proc.poll()}); see {log_path}")
-    return ServerProcess(proc, url[0], log_path)
-
-
-def _copy(stream: IO[str] | None, log: IO[str], url: list[str], found: threading.Event) -> None:
-    """Copy the server's output to its log; note the URL from the listening line."""
-    assert stream is not None
-    with log:
-        for line in stream:
-            log.write(line)
-            log.flush()
-            m = _LISTENING.search(line)
-            if m and not found.is_set():
-                url.append(m.group(1))
-                found.set()
+                 port: int = 0, timeout_s: float = 180.0, command: str = "serve") -> ParleyProcess:
+    """`parley serve` (or `parley stages`) on 127.0.0.1 (port 0: any free one) writing its turn traces to
+    `trace_log`; returns once it is listening."""
+    sets = (f"server.trace_log={trace_log}", *sets)
+    return ParleyProcess(log_path, command=command, config=config, sets=sets, port=port).start(timeout_s)
 
 
 class ResourceSampler:
@@ -142,7 +91,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persona", help="persona to talk to (default: the server's)")
 
 
-def open_server(args: argparse.Namespace, out: Path, extra_sets: tuple[str, ...] = ()) -> tuple[str, ServerProcess | None, int | None]:
+def open_server(args: argparse.Namespace, out: Path, extra_sets: tuple[str, ...] = ()) -> tuple[str, ParleyProcess | None, int | None]:
     """(url, the started process or None, the server's pid for sampling or None) for `--server` or a fresh one."""
     if args.server:
         return args.server, None, pid_listening(urlsplit(args.server if "://" in args.server else "//" + args.server).port)

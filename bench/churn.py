@@ -89,16 +89,19 @@ async def run_users(url: str, plan: list[tuple[float, int]], pool: list[Prompt],
         t.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     refused, errors = 0, [f"user {i}: timeout" for i, t in enumerate(tasks) if t in pending]
+    reasons: dict[str, int] = {}
     for i, t in enumerate(tasks):
         exc = None if t.cancelled() else t.exception()
         if isinstance(exc, ConnectError) and "try again later" in str(exc):
             refused += 1
+            why = str(exc).split(":", 1)[-1].strip()[:70]  # the rule that refused, without its numbers' tail
+            reasons[why] = reasons.get(why, 0) + 1
         elif exc is not None:
             errors.append(f"user {i}: {exc!r}")
     turns: list[TurnResult] = [r for s in sessions for r in s.results]
     errors += [f"user {r.session} turn {r.index + 1}: {r.error}" for r in turns if r.error]
     errors += [f"user {s.session}: server error {e.get('code')}: {e.get('message')}" for s in sessions for e in s.errors]
-    return {"turns": turns, "errors": errors, "refused": refused, "wall_s": time.monotonic() - t0}
+    return {"turns": turns, "errors": errors, "refused": refused, "refusals": reasons, "wall_s": time.monotonic() - t0}
 
 
 def run_churn(args: argparse.Namespace, pool: list[Prompt]) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def run_churn(args: argparse.Namespace, pool: list[Prompt]) -> dict[str, Any]:
     summary = _stats.summarize(turns, budgets)
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     return {
-        "rate_per_s": args.rate, "seed": args.seed, "arrivals": len(plan), "refused": got["refused"],
+        "rate_per_s": args.rate, "seed": args.seed, "arrivals": len(plan), "refused": got["refused"], "refusals": got["refusals"],
         "errors": len(got["errors"]), "error_list": got["errors"][:20], "turns": len(turns),
         "questions_planned": sum(k for _, k in plan), "v2v_median": summary["voice_to_voice"].get("median"),
         "v2v_p95": summary["voice_to_voice"].get("p95"), "client_v2v_median": summary[_stats.CLIENT_V2V].get("median"),
@@ -146,6 +149,8 @@ def print_churn(r: dict[str, Any], md: bool) -> None:
     print("\nChurn: users arriving, asking 1-3 questions, leaving (v2v in ms, server side; llm/asr/tts/turn: seconds "
           "of engine steps and of shared-worker jobs per stage; cpu: server, 100 = one core)")
     print((_stats.markdown if md else _stats.table)(header, [row]))
+    for why, n in r["refusals"].items():
+        print(f"  refused {n}x: {why}")
     for e in r["error_list"][:5]:
         print(f"  {e}")
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from bench import _prompts, _stats, corpus
 from bench._client import Prompt, ScriptedSession, TurnResult
-from bench._server import ROOT, ResourceSampler, ServerProcess, add_server_args, machine, open_server, start_server
+from bench._server import ROOT, ResourceSampler, add_server_args, machine, open_server, start_server
+from bench.parley_process import ParleyProcess
 from desktop.connection import ConnectError
 
 
@@ -183,7 +184,7 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "partials_skipped": partials[1] if partials else None, **res}
 
 
-def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ServerProcess]]:
+def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ParleyProcess]]:
     """A `parley stages` process and `args.fronts` front ends whose recognition, LLM and voice point at it."""
     logs = ROOT / "artifacts" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tu
                    f"models.llm.remote={remote}", "voices.joe.backend=openai", f"voices.joe.remote={remote}",
                    "voices.joe.speaker=joe")  # fmt: skip
 
-    def front(i: int) -> ServerProcess:
+    def front(i: int) -> ParleyProcess:
         return start_server(logs / f"{out.stem}.front{i}.traces.jsonl", logs / f"{out.stem}.front{i}.log",
                             config=args.config, sets=(*sets, *remote_sets, *args.sets))  # fmt: skip
 

@@ -76,7 +76,8 @@ class Talker:
         await self.wait(lambda: any(m["type"] == "turn.trace" for _, m in self.events[start:]), 10)
         trace = next(m for _, m in self.events[start:] if m["type"] == "turn.trace")
         return {"first_audio_s": None if first is None else first - t0, "llm_ttft_ms": trace["stages_ms"].get("llm_ttft"),
-                "prefill_tokens": trace.get("llm", {}).get("prefill_tokens"), "context": trace.get("context")}  # fmt: skip
+                "prefill_tokens": trace.get("llm", {}).get("prefill_tokens"), "context": trace.get("context"),
+                "reused_tokens": trace.get("llm", {}).get("reused_tokens")}  # fmt: skip
 
     async def spoken(self, audio: np.ndarray, timeout_s: float = 60.0) -> float:
         """Stream `audio` at real time, then silence; -> seconds from its end to its final transcript."""
@@ -100,11 +101,25 @@ class Talker:
                 await asyncio.sleep(ahead)
 
 
-async def long_conversation(server: str, token: str | None, turns: int, window: int) -> list[list[object]]:
+def worst_first_tokens(results: list[dict[str, Any]], n: int = 5) -> list[list[object]]:
+    """The conversation's slowest first tokens: turn, llm_ttft, prompt tokens computed and reused, a drop just before."""
+    timed = [(r["llm_ttft_ms"], i) for i, r in enumerate(results) if r["llm_ttft_ms"] is not None]
+    rows = []
+    for ttft, i in sorted(timed, reverse=True)[:n]:
+        r, before = results[i], results[i - 1] if i else {}
+        rows.append([i + 1, _stats.fmt_ms(ttft), r["prefill_tokens"], r["reused_tokens"],
+                     "yes" if before.get("context") or r["context"] else "no"])  # fmt: skip
+    return rows
+
+
+async def long_conversation(server: str, token: str | None, turns: int, window: int,
+                            worst: list[list[object]] | None = None) -> list[list[object]]:  # fmt: skip
     rows, results = [], []
     async with Talker(server, token) as t:
         for i in range(turns):
             results.append(await t.typed(f"Turn {i}: tell me one short fact about the number {i}."))
+    if worst is not None:
+        worst += worst_first_tokens(results)
     for k in range(0, turns, window):
         part = results[k : k + window]
         ttft = [r["llm_ttft_ms"] for r in part if r["llm_ttft_ms"] is not None]
@@ -115,7 +130,8 @@ async def long_conversation(server: str, token: str | None, turns: int, window: 
     return rows
 
 
-async def bystander_beside(server: str, token: str | None, attack: str, question: np.ndarray) -> list[object]:
+async def bystander_beside(server: str, token: str | None, attack: str, question: np.ndarray,
+                           out: dict[str, Any] | None = None) -> list[object]:  # fmt: skip
     async with Talker(server, token) as bystander:
         alone = await (bystander.typed("Say hello.") if attack == "history bomb" else bystander.spoken(question))
         async with Talker(server, token) as attacker:
@@ -124,7 +140,19 @@ async def bystander_beside(server: str, token: str | None, attack: str, question
                 for i in range(300):
                     await attacker.conn.send_json({"type": "input.text", "text": f"{i} " + "tell me everything about the sea " * 60})
                     await asyncio.sleep(0.05)
+                # the bomber's own question, and the bystander asking on until it is answered: the whole backlog
+                t_ask = time.monotonic()
+                await attacker.conn.send_json({"type": "input.text", "text": "And what is the capital of France?"})
+                answered = attacker.count("response.done")
                 loaded = await bystander.typed("Say hello again.")
+                backlog = [loaded]
+                while attacker.count("response.done") <= answered and time.monotonic() - t_ask < 600:
+                    backlog.append(await bystander.typed(f"Say hello, number {len(backlog)}."))
+                bomber_s = time.monotonic() - t_ask
+                if out is not None:
+                    out["bomb"] = {"bystander_ttft_ms": [r["llm_ttft_ms"] for r in backlog],
+                                   "bystander_first_audio_ms": [round(1000 * r["first_audio_s"], 1) for r in backlog if r["first_audio_s"]],
+                                   "bomber_question_s": round(bomber_s, 1), "alone_ttft_ms": alone["llm_ttft_ms"]}  # fmt: skip
             else:
                 noise = (np.random.default_rng(0).standard_normal(RATE) * 0.3 * 32767).astype("<i2").tobytes()
 
@@ -177,16 +205,25 @@ def main(argv: list[str] | None = None) -> int:
     table = _stats.markdown if args.markdown else _stats.table
     result: dict[str, Any] = {"machine": machine()}
     try:
-        conversation = asyncio.run(long_conversation(url, args.token, args.turns, args.window))
+        worst: list[list[object]] = []
+        conversation = asyncio.run(long_conversation(url, args.token, args.turns, args.window, worst))
         print(f"\nOne conversation of {args.turns} typed turns (concise persona)")
         print(table(("turns", "llm_ttft p50 ms", "p95 ms", "first audio p50 ms", "max prefill tokens", "context drops"), conversation))
-        result["conversation"] = conversation
+        print("\nIts slowest first tokens")
+        print(table(("turn", "llm_ttft ms", "prompt tokens computed", "reused", "history dropped at or before"), worst))
+        result["conversation"], result["worst_first_tokens"] = conversation, worst
         if not args.tiny:
             question = _prompts.spoken("What is the capital of France?", "piper").audio
-            abuse = [asyncio.run(bystander_beside(url, args.token, a, question)) for a in ("history bomb", "audio flood")]
+            abuse = [asyncio.run(bystander_beside(url, args.token, a, question, result)) for a in ("history bomb", "audio flood")]
             print("\nA bystander beside an attacker (the same bystander alone first)")
             print(table(("attack", "measured", "alone ms", "beside ms", "ratio", "attacker errors"), abuse))
             result["abuse"] = abuse
+            bomb = result["bomb"]
+            ttft = [v for v in bomb["bystander_ttft_ms"] if v is not None]
+            print(f"\nHistory bomb backlog: the bomber's own question answered after {bomb['bomber_question_s']} s; "
+                  f"meanwhile the bystander asked {len(bomb['bystander_ttft_ms'])} times, llm_ttft median "
+                  f"{_stats.fmt_ms(_stats.percentile(ttft, 50))} ms, max {_stats.fmt_ms(max(ttft, default=None))} ms "
+                  f"(alone {_stats.fmt_ms(bomb['alone_ttft_ms'])} ms)")  # fmt: skip
         per_cycle = asyncio.run(churn(url, args.token, args.cycles))
         print(f"\n{args.cycles} connect/disconnect cycles: {1000 * per_cycle:.0f} ms each")
         result["cycle_ms"] = round(1000 * per_cycle, 1)

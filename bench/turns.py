@@ -183,6 +183,17 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
     return Outcome(policy.detection, clip, ends, joins), costs
 
 
+def run_detector(clips: list[Clip], policy: TurnPolicy, models: Models) -> tuple[list[Outcome], list[dict[str, float]]]:
+    """Every clip through one detector (its models loaded first). -> the outcomes and every check's costs."""
+    models.need(policy)
+    outcomes, costs = [], []
+    for clip in clips:
+        outcome, c = simulate(clip, policy, models)
+        outcomes.append(outcome)
+        costs += c
+    return outcomes, costs
+
+
 def corpus(voices: list[str], styles: list[str], n_paused: int, n_complete: int) -> list[Clip]:
     c = spoken
     lead, tail = c.silence(LEAD_MS), c.silence(TAIL_MS)
@@ -255,12 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, splits = [], []
     try:
         for det, policy in runs:
-            models.need(policy)
-            outcomes, costs = [], []
-            for clip in clips:
-                outcome, c = simulate(clip, policy, models)
-                outcomes.append(outcome)
-                costs += c
+            outcomes, costs = run_detector(clips, policy, models)
             s = summarize(outcomes, costs)
             results[det] = {**s, "clips": [{"clip": o.clip.name, "early": o.early, "split": o.split, "delay_ms": o.delay_ms,
                                             "ends": [{"t_ms": t, "reason": e.reason, "checks": [c.to_dict() for c in e.checks]}

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from llm_engine.batch import eager_decode
+from llm_engine.eager import eager_decode
 from llm_engine.kv_cache import StaticKVCache
 from llm_engine.model import Transformer
 

@@ -368,7 +368,7 @@ class Engine:
     def _decode(self, batch: list[_Job]) -> None:
         """One forward for every row of the batch, then each request samples from its own row."""
         if self.speculation is not None:
-            if len(batch) == 1:
+            if len(batch) == 1 and batch[0].gen.guide is None:  # drafts are not masked: constrained rows never speculate
                 self._speculate(batch[0])
                 return
             for job in batch:

@@ -12,26 +12,29 @@ from typing import Sequence
 import torch
 
 from llm_engine.batch import DecodeRow, StepDecoder
+from llm_engine.constrain import Guide
 from llm_engine.kv_cache import SlotState, StaticKVCache, common_prefix_len
 from llm_engine.model import Transformer
 from llm_engine.request import ChatMessage, Event, FinishEvent, GenerateRequest, Timings, TokenEvent
 from llm_engine.sampling import make_generator, sample
 from llm_engine.scheduler import MAX_CHUNK_TOKENS
 from llm_engine.tokenizer import StopStringFilter, Tokenizer
+from llm_engine.tool_format import ToolSpec
 
 
 def fit_messages(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], max_prompt_tokens: int
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], max_prompt_tokens: int, tools: Sequence[ToolSpec] = ()
 ) -> tuple[list[int], tuple[ChatMessage, ...]] | None:
     """Render the chat; if too long, drop the fewest oldest turns after the system prompt that make it fit (never
     opening on an assistant turn). None if even the last message won't fit. Renders O(log n) times: the history
     kept only shrinks as more is dropped, so the cut is found by bisection (one render when it all fits)."""
     msgs = list(messages)
     head = 1 if msgs and msgs[0].role == "system" else 0
-    starts = [i for i in range(head, len(msgs)) if msgs[i].role != "assistant" or i == len(msgs) - 1]
+    # never open on an assistant turn, nor on a tool result (its call would be cut off)
+    starts = [i for i in range(head, len(msgs)) if msgs[i].role not in ("assistant", "tool") or i == len(msgs) - 1]
 
     def render(start: int) -> list[int]:
-        return tokenizer.apply_chat_template(msgs[:head] + msgs[start:])
+        return tokenizer.apply_chat_template(msgs[:head] + msgs[start:], tools=tools)
 
     ids = render(head)
     if len(ids) <= max_prompt_tokens:
@@ -70,13 +73,14 @@ class Generation:
         self.end_prob: float | None = None
         self._prefill_started = False
         self.finished = False
+        self.guide = Guide(tokenizer, req.constraint) if req.constraint is not None else None  # GrammarError: bad grammar
         reserve = min(self.params.max_new_tokens, max_seq_len // 4)
-        fitted = fit_messages(tokenizer, req.messages, max_seq_len - max(reserve, 1))
+        fitted = fit_messages(tokenizer, req.messages, max_seq_len - max(reserve, 1), req.tools)
         self.fits = fitted is not None
         if fitted is not None:
             self.prompt, messages = list(fitted[0]), fitted[1]
             if req.probe_user_end:
-                self.probe = tokenizer.user_end_probe(messages, self.prompt)
+                self.probe = tokenizer.user_end_probe(messages, self.prompt, req.tools)
 
     # -- units of work, each returns the events it produced ---------------------------------------
 
@@ -123,7 +127,7 @@ class Generation:
         self.timings = replace(self.timings, prefill_tokens=len(self.prompt) - self.timings.reused_tokens)
         if self.params.max_new_tokens <= 0:
             return self._finish("length")
-        return self._accept(sample(logits[0, -1], self.params, self.generator, self.history()), cache, state)
+        return self._accept(self._sample(logits[0, -1]), cache, state)
 
     def decode_input(self, state: SlotState) -> tuple[int, int]:
         """-> (token to feed, its position): the row this request adds to the step's batched forward."""
@@ -134,7 +138,7 @@ class Generation:
         """logits [V]: this request's row of a batched decode forward that fed `pending` -> sample the next token."""
         assert self.pending is not None
         state.tokens.append(self.pending)
-        token = sample(logits, self.params, self.generator, self.history())
+        token = self._sample(logits)
         self.timings = replace(
             self.timings, decode_tokens=self.timings.decode_tokens + 1, decode_ms=self.timings.decode_ms + step_ms
         )
@@ -160,6 +164,12 @@ class Generation:
 
     # -- helpers -----------------------------------------------------------------------------------
 
+    def _sample(self, logits: torch.Tensor) -> int:
+        """logits [V] -> the next token, among those the request's grammar (if any) allows."""
+        if self.guide is not None:
+            logits = self.guide.mask(logits)
+        return sample(logits, self.params, self.generator, self.history())
+
     def history(self) -> list[int]:
         """What the repetition penalty looks at (empty when there is none, to skip the work)."""
         return self.prompt + self.generated if self.params.repetition_penalty != 1.0 else []
@@ -175,12 +185,16 @@ class Generation:
                 events.append(TokenEvent(token, tail))  # text held back for a stop string that never completed
             return events + self._finish("stop")
         self.generated.append(token)
-        text, stopped = self.stop_filter.feed(self.detok.push(token))
-        last = stopped or len(self.generated) >= self.params.max_new_tokens or len(state.tokens) >= cache.max_seq_len
+        piece = self.detok.push(token)
+        text, stopped = self.stop_filter.feed(piece)
+        if self.guide is not None:
+            self.guide.accept(token, piece)
+        complete = self.guide is not None and self.guide.done  # the grammar allows nothing more: the reply is whole
+        last = stopped or complete or len(self.generated) >= self.params.max_new_tokens or len(state.tokens) >= cache.max_seq_len
         if last and not stopped:
             text = self._tail(text)
         events.append(TokenEvent(token, text))
-        if stopped:
+        if stopped or complete:
             return events + self._finish("stop")
         if len(self.generated) >= self.params.max_new_tokens:
             return events + self._finish("length")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llm_engine.constrain import Constraint
 from llm_engine.tokenizer import ChatMessage
+from llm_engine.tool_format import ToolCall, ToolSpec
 
-__all__ = ["ChatMessage", "SamplingParams", "GenerateRequest", "Timings", "TokenEvent", "FinishEvent", "ErrorEvent", "Event"]
+__all__ = ["ChatMessage", "ToolCall", "ToolSpec", "SamplingParams", "GenerateRequest", "Timings", "TokenEvent", "FinishEvent", "ErrorEvent", "Event"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class GenerateRequest:
     # the idle slot of another such request whose cache shares the longest prefix with its prompt (a conversation
     # continued), and leaves its own slot to the next one the same way
     share_prefix: bool = False
+    # decode under a grammar (structured output, tool calls): every sampled token is one the grammar allows
+    constraint: Constraint | None = None
+    tools: tuple[ToolSpec, ...] = ()  # rendered into the prompt (llm_engine.tool_format); calls are text until parsed
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from llm_engine.tool_format import ToolCall, ToolSpec, template_dicts, template_renders_tools
+
 _PUNCTUATION = frozenset(string.punctuation) | frozenset("…¿¡«»“”‘’")
 _SENTENCE_END = frozenset(".?!…")
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 class Tokenizer:
@@ -62,13 +66,21 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
-        dicts = [{"role": m.role, "content": m.content} for m in messages]
-        return str(self.hf.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt, tokenize=False))
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """The model's own template renders tools and `<tool_call>`s (else llm_engine.tool_format's prompt format)."""
+        return template_renders_tools(getattr(self.hf, "chat_template", None))
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                    tools: Sequence[ToolSpec] = ()) -> str:  # fmt: skip
+        dicts, tool_list = template_dicts(messages, tools, self.renders_tools)
+        more = {"tools": tool_list} if tool_list else {}
+        return str(self.hf.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt, tokenize=False, **more))
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                            tools: Sequence[ToolSpec] = ()) -> list[int]:  # fmt: skip
         # Render then encode without extra specials: the template already places bos/role markers.
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools))
 
     def detokenizer(self) -> "IncrementalDetokenizer":
         return IncrementalDetokenizer(self)
@@ -87,7 +99,8 @@ class Tokenizer:
                     ends.add(i)
         return frozenset(skip), frozenset(ends)
 
-    def user_end_probe(self, messages: Sequence[ChatMessage], ids: Sequence[int]) -> tuple[int, frozenset[int]] | None:
+    def user_end_probe(self, messages: Sequence[ChatMessage], ids: Sequence[int],
+                       tools: Sequence[ToolSpec] = ()) -> tuple[int, frozenset[int]] | None:  # fmt: skip
         """Where the prompt `ids` (the rendered `messages`) says whether the user's last message is complete.
 
         -> (k, end_ids): the index of the last word's token of that message, trailing punctuation skipped, and the
@@ -99,7 +112,7 @@ class Tokenizer:
             return None
         content = messages[-1].content
         words = content.rstrip().rstrip("".join(_PUNCTUATION) + " \t\n")
-        rendered = self.render_chat(messages)
+        rendered = self.render_chat(messages, tools=tools)
         at = rendered.rfind(content)
         if not words or at < 0:
             return None

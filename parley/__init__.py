@@ -1,4 +1,5 @@
-"""The application: its config (and the shipped configs/), the model locator, stage loading and the `parley` command.
+"""The application core: its config (read from the shipped configs/), the model locator, stage loading, the thread
+budget and the terminal chat.
 
-It wires voice/ (the conversation), llm_engine/ (the engine) and web/ (the server) together; they know nothing of it
-except the config and the loaded stages."""
+It loads voice/ (the conversation) and llm_engine/ (the engine); web/ takes the config and the loaded stages from it,
+and the `parley` command (cli/) wires them all. It imports neither of those."""

@@ -37,6 +37,9 @@ class NotServed:
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"{self.stage} is not served by this process (server.stages), so it has no {name}")
 
+    def __call__(self, *args: Any) -> Any:  # the VAD's place is a factory
+        raise RuntimeError(f"{self.stage} is not loaded by this process: it serves no voice sessions")
+
 
 @dataclass
 class Runtime:
@@ -45,6 +48,7 @@ class Runtime:
     load_s: dict[str, float] = field(default_factory=dict)
     threads: ThreadBudget | None = None
     served: frozenset[str] = ALL_STAGES  # of asr, llm, tts: what was loaded (`parley stages --only` loads fewer)
+    sessions: bool = True  # the VAD and the turn model were loaded: voice sessions can run (`parley stages`: no)
 
     def close(self) -> None:
         stop = getattr(self.engine, "stop", None)
@@ -139,9 +143,9 @@ def _voices(cfg: AppConfig, out_rate: int, threads: int = 0) -> dict[str, VoiceB
     return voices
 
 
-def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
-    """Load the models the config names for `stages` (of asr, llm, tts; the VAD and the turn model always);
-    raises ModelNotFound / RuntimeError with a clear message."""
+def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool = True) -> Runtime:
+    """Load the models the config names for `stages` (of asr, llm, tts), and for voice sessions (`sessions`) the VAD
+    and the turn model; raises ModelNotFound / RuntimeError with a clear message."""
     from llm_engine.engine import Engine
     from voice.asr import WhisperTranscriber
     from voice.llm_bridge import LlmBridge
@@ -150,10 +154,12 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
     allow = cfg.models.allow_downloads
     budget = ThreadBudget.for_cores(available_cores(), cfg.server.stage_workers)
 
-    t0 = time.perf_counter()
-    make_vad = _vad_factory(cfg)
-    make_vad()  # load once now: a bad VAD file fails at start, not at the first session
-    times["vad"] = time.perf_counter() - t0
+    make_vad: Callable[[], Vad] = NotServed("vad")
+    if sessions:
+        t0 = time.perf_counter()
+        make_vad = _vad_factory(cfg)
+        make_vad()  # load once now: a bad VAD file fails at start, not at the first session
+        times["vad"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     a = cfg.models.asr
@@ -204,7 +210,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
     times["tts"] = time.perf_counter() - t0
 
     turn_model = None
-    if cfg.vad.turn_detection in ("smart_turn", "combined"):
+    if sessions and cfg.vad.turn_detection in ("smart_turn", "combined"):
         from voice.smart_turn import SmartTurn
 
         t0 = time.perf_counter()
@@ -220,7 +226,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
     log.info("threads on %d cores: engine %d, %d stage workers (%s), recognition %d and speech %d a job",
              budget.cores, budget.engine, budget.stage_workers, cfg.server.scheduling, budget.asr, budget.tts)
     times = {k: v for k, v in times.items() if k in stages or k in ("vad", "turn")}  # what was loaded
-    return Runtime(stages=loaded, engine=engine, load_s=times, threads=budget, served=frozenset(stages))
+    return Runtime(stages=loaded, engine=engine, load_s=times, threads=budget, served=frozenset(stages), sessions=sessions)
 
 
 def stage_runner(cfg: AppConfig, budget: ThreadBudget) -> Any:
@@ -236,8 +242,9 @@ def stage_runner(cfg: AppConfig, budget: ThreadBudget) -> Any:
 def warm(runtime: Runtime) -> None:
     """One tiny pass through each stage (first-call allocations, lazy imports, ONNX sessions)."""
     stages = runtime.stages
-    vad = stages.make_vad()
-    vad.speech_prob(np.zeros(int(16000 * vad.frame_ms / 1000), dtype=np.float32))
+    if runtime.sessions:
+        vad = stages.make_vad()
+        vad.speech_prob(np.zeros(int(16000 * vad.frame_ms / 1000), dtype=np.float32))
     rng = np.random.default_rng(0)
     # a remote stage is not warmed here: it may be down at start and come up later (each turn then says why)
     if "asr" in runtime.served and not _remote(stages.transcriber):
@@ -262,13 +269,13 @@ def _remote(stage: object) -> bool:
     return isinstance(getattr(stage, "spec", None), RemoteSpec)
 
 
-def load_and_warm(cfg: AppConfig, stages: Collection[str] = ALL_STAGES) -> Runtime:
+def load_and_warm(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool = True) -> Runtime:
     """load() then warm() on a thread of their own that exits before this returns (their errors re-raised),
     so the engine thread's OpenMP pool is the only one while serving (see llm_engine.threads)."""
     from llm_engine.threads import on_own_thread
 
     def load_warmed() -> Runtime:
-        runtime = load(cfg, stages=stages)
+        runtime = load(cfg, stages=stages, sessions=sessions)
         warm(runtime)
         return runtime
 

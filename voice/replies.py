@@ -10,17 +10,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, suppress
-from typing import TYPE_CHECKING
 
 from voice.history import reply_content
 from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.reply import Reply
+from voice.reply_host import ReplyHost
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Reply as ReplyTo
-
-if TYPE_CHECKING:
-    from voice.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +32,7 @@ class LlmFailed(RuntimeError):
 
 
 class Replies:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: ReplyHost) -> None:
         self.s = session
         self.current: Reply | None = None  # the reply launched last
         self.task: asyncio.Task[None] | None = None  # its task

@@ -33,7 +33,8 @@ struct PLayer {
 
 struct PModel {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
-    int32_t int4_dot;         // 1: int4 layers take the int8-input dot product where it is compiled in
+    int32_t int4_dot;         // int4 layers take the int8-input dot product: 1 on AVX-512 VNNI where it is compiled
+                              // in (else the portable loops), 2 the portable loops (int8dot_portable.h); 0: not
     int32_t kv_kind;          // KV_* : the KV cache's element
     float eps;
     const float* embed;       // [vocab, hidden]

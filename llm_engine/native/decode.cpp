@@ -76,7 +76,7 @@ struct Own {
     std::vector<float> scores;  // [heads per kv head, max_seq]
     matvec::Input in;
 
-    Own(const PModel& m, int rows, int widest, bool dot)
+    Own(const PModel& m, int rows, int widest, int dot)
         : h((size_t)rows * widest), q((size_t)rows * m.n_heads * m.head_dim), kv((size_t)rows * 2 * m.n_kv * m.head_dim),
           kv_half(m.kv_kind == KV_HALF ? kv.size() : 0), kv_i8(m.kv_kind == KV_INT8 ? kv.size() : 0),
           kv_scale(m.kv_kind == KV_INT8 ? (size_t)rows * 2 * m.n_kv : 0), att((size_t)rows * m.n_heads * m.head_dim),
@@ -195,7 +195,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
 #pragma omp parallel num_threads(team)
     {
         const int me = omp_get_thread_num(), nt = omp_get_num_threads();
-        Own own(m, rows, widest, m.int4_dot != 0);
+        Own own(m, rows, widest, m.int4_dot);
         float* h = own.h.data();
         auto norm_all = [&](const float* weight) {
             for (int b = 0; b < rows; ++b) rms_norm(&x[(size_t)b * hidden], weight, m.eps, hidden, h + (size_t)b * hidden);

@@ -8,7 +8,7 @@ the cache layout; it knows nothing about requests or sampling.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
@@ -79,15 +79,16 @@ def _linears(model: Transformer) -> list[nn.Module]:
     return out + ([model.lm_head] if model.lm_head is not None else [])
 
 
-def kernels_used(model: Transformer, int8_dot: bool) -> str:
+def kernels_used(model: Transformer, int8_dot: bool | Literal["portable"]) -> str:
     """What the step's matrix products actually run on, by matrix count: "int4 on the int8-input VNNI kernel with
-    float16 scales: 96 matrices; int8: 1 matrix"."""
+    float16 scales: 96 matrices; int8: 1 matrix". int8_dot "portable": the int8-input product in plain loops."""
     counts: dict[str, int] = {}
     for layer in _linears(model):
         if isinstance(layer, Int4WeightOnlyLinear):
             pairs = torch.stack([layer.scales, layer.minimums], -1)
             scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if torch.equal(pairs.half().float(), pairs) else "float32 scales"
-            kind = f"int4 on the int8-input VNNI kernel with {scales}" if int8_dot else "int4 on the float kernel"
+            kind = ("int4 on the float kernel" if not int8_dot else "int4 on the int8-input portable kernel"
+                    if int8_dot == "portable" else f"int4 on the int8-input VNNI kernel with {scales}")  # fmt: skip
         else:
             kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
         counts[kind] = counts.get(kind, 0) + 1
@@ -164,11 +165,14 @@ class NativeDecoder:
     max_rows = MAX_ROWS
 
     def __init__(
-        self, model: Transformer, cache: StaticKVCache, *, threads: int | None = None, int8_dot: bool | None = None
+        self, model: Transformer, cache: StaticKVCache, *, threads: int | None = None,
+        int8_dot: bool | Literal["portable"] | None = None,
     ) -> None:
-        """int8_dot: int4 layers take the AVX-512 VNNI kernel (the input split into two int8 parts per 32
-        values, ~16 bits), ~2x faster than the float kernel; None = where the CPU has it. threads: None =
-        torch's count at each call."""
+        """int8_dot: int4 layers take the int8-input product (the input split into two int8 parts per 32 values,
+        ~16 bits): on the AVX-512 VNNI kernel, ~2x faster than the float kernel, or, where the CPU (or compiler)
+        has no VNNI or when "portable" is asked for, the same arithmetic in plain loops (slower than the float
+        kernel: for tests on every machine); None = the VNNI kernel where the CPU has it, else the float kernel.
+        threads: None = torch's count at each call."""
         reason = unsupported(model, cache)
         if reason is not None:
             raise ValueError(f"the compiled decode step cannot run this model: {reason}")
@@ -178,9 +182,11 @@ class NativeDecoder:
             raise NativeUnavailable(f"decode.cpp's structs do not match decoder.py's ({self.lib.parley_abi()} != {abi})")
         self.model, self.cache, self.threads = model, cache, threads
         has_dot = bool(self.lib.parley_features() & 1)
-        if int8_dot and not has_dot:
-            raise NativeUnavailable("this CPU (or compiler) has no AVX-512 VNNI for the int8-input int4 path")
-        self.int8_dot = has_dot if int8_dot is None else int8_dot
+        if int8_dot not in (None, True, False, "portable"):
+            raise ValueError(f"int8_dot is True, False, 'portable' or None, not {int8_dot!r}")
+        self.int8_dot = has_dot if int8_dot is None else bool(int8_dot)
+        # which int8-input kernel: "vnni", "portable" (no VNNI here, or asked for), or None (the float kernel)
+        self.int8_kernel = None if not self.int8_dot else "vnni" if has_dot and int8_dot != "portable" else "portable"
         if model.rope_cos.shape[0] < cache.max_seq_len:
             raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
         cfg = model.cfg
@@ -198,7 +204,7 @@ class NativeDecoder:
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, int(self.int8_dot),
+            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, {None: 0, "vnni": 1, "portable": 2}[self.int8_kernel],
             KV_KINDS[cache.k.dtype], cfg.rms_norm_eps,
             _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
             _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),

@@ -1,6 +1,6 @@
 // Matrix-vector products for every weight kind the decode step reads, each written once against
-// vec16 (float paths) or int4_vnni (int4 x int8 on AVX-512 VNNI): y = W x + b for up to kMaxRows
-// inputs at once, so a batched step reads each weight once.
+// vec16 (float paths) or int4_vnni (int4 x int8 on AVX-512 VNNI; int8dot_portable the same in plain loops):
+// y = W x + b for up to kMaxRows inputs at once, so a batched step reads each weight once.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -10,6 +10,7 @@
 
 #include "abi.h"
 #include "int4_vnni.h"
+#include "int8dot_portable.h"
 #include "vec16.h"
 
 namespace matvec {
@@ -155,21 +156,23 @@ struct Input {
     const float* x = nullptr;       // the float input as given [rows, k]
     std::vector<float> xp, xsum;    // float int4 path: nibble order, per group sums
     std::vector<int8_t> xq;         // int8 int4 path: two int8 parts per block (hi, then lo), pair order
-    std::vector<float> dx, xs;      // int8 int4 path: block scales, block sums / 8, per lane
-    bool int8_dot = false;          // int4 layers that fit take the int8 path
+    std::vector<float> dx, xs;      // int8 int4 path: block scales, block sums / 8, per lane (portable: per block)
+    int int8_dot = 0;               // int4 layers that fit take the int8 path: 1 VNNI where compiled in, 2 portable
 
-    Input(int rows, int widest, bool dot)
+    Input(int rows, int widest, int dot)
         : xp((size_t)rows * widest), xsum((size_t)rows * widest), xq((size_t)2 * rows * widest),
           dx((size_t)rows * widest / 4 + 16), xs((size_t)rows * widest / 4 + 16), int8_dot(dot) {}
 };
 
-enum class Int4Path { kFloat, kInt8Dot, kAnyGroup };
+enum class Int4Path { kFloat, kInt8Dot, kInt8DotPortable, kAnyGroup };
 
 inline Int4Path int4_path(const PLinear& L, const Input& p) {
+    if (p.int8_dot && int8dot::takes(L)) {
 #ifdef PARLEY_INT4_VNNI
-    if (p.int8_dot && (L.dm || L.dm32 || (L.kblocks && L.group == 32 && L.k % 256 == 0)) && int4_vnni::fits(L.k, L.group))
-        return Int4Path::kInt8Dot;
+        if (p.int8_dot == 1) return Int4Path::kInt8Dot;
 #endif
+        return Int4Path::kInt8DotPortable;
+    }
     return int4_fast(L) ? Int4Path::kFloat : Int4Path::kAnyGroup;
 }
 
@@ -218,6 +221,11 @@ void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int yst
                 break;
             }
 #endif
+            case Int4Path::kInt8DotPortable: {
+                const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k;
+                run([&](int j, float* out) { int8dot::rows<R>(L, j, hi, lo, p.dx.data(), p.xs.data(), out); });
+                break;
+            }
             case Int4Path::kFloat: run([&](int j, float* out) { int4_rows<R>(L, j, p.xp.data(), p.xsum.data(), out); }); break;
             default: run([&](int j, float* out) { int4_row_any_group(L, j, R, x, out); });
         }
@@ -242,6 +250,8 @@ inline void prepare(const PLinear& L, int rows, const float* x, Input& in) {
     if (L.kind != KIND_INT4) return;
     const Int4Path path = int4_path(L, in);
     if (path == Int4Path::kFloat) prepare_int4_input(L, rows, x, in.xp.data(), in.xsum.data());
+    if (path == Int4Path::kInt8DotPortable)
+        int8dot::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data());
 #ifdef PARLEY_INT4_VNNI
     if (path == Int4Path::kInt8Dot)
         int4_vnni::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data());

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench._server import ServerProcess
+from bench.parley_process import ParleyProcess
+from bench.load import GAP_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,7 +23,15 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def assert_two_turns(median: float, p95: float, v2v: dict) -> None:
+    """A report's median and p95 of two turns: the median is their mean, the p95 lies 95 % of the way from the
+    faster to the slower (the slower is the summary's max)."""
+    fastest, slowest = 2 * v2v["median"] - v2v["max"], v2v["max"]
+    assert v2v["n"] == 2 and median == v2v["median"] > 0 and 0 < fastest <= slowest, v2v
+    assert p95 == pytest.approx(fastest + 0.95 * (slowest - fastest)), v2v
+
+
+def test_e2e_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out, chart = tmp_path / "e2e.json", tmp_path / "e2e.png"
     proc = run_script("e2e", "--tiny", "--server", real_server.url, "--out", str(out), "--chart", str(chart))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -42,21 +51,23 @@ def test_e2e_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
     assert "voice_to_voice" in proc.stdout and "Transcript WER" in proc.stdout
 
 
-def test_load_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_load_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     proc = run_script("load", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     (level,) = result["levels"]
     assert level["sessions"] == 2 and level["turns"] == 2 and level["errors"] == 0, level["error_list"]
-    assert level["v2v_median"] > 0 and level["v2v_p95"] >= level["v2v_median"]
+    assert_two_turns(level["v2v_median"], level["v2v_p95"], level["summary"]["voice_to_voice"])
     assert level["rss_mb_max"] > 100  # the server with its models loaded, found by its port
     assert level["holds"] == (level["v2v_p95"] <= result["budgets_ms"]["voice_to_voice"])
     assert result["max_sessions_within_budget"] == (2 if level["holds"] else 0)
     assert level["refused"] == 0 and level["queue_ms"]["asr"]["n"] == 2  # each turn's final says how long it queued
     assert level["partials_run"] + level["partials_skipped"] > 0  # from /metrics: the speakers' partials, counted
     gaps = level["reply_gaps"]  # how long the replies' speech stalled, as the client played it
-    assert 0 <= gaps["stalled"] <= 2 and gaps["max_ms"] >= 0
+    # a reply counts as stalled when its longest silence reached the bench's GAP_MS: some did exactly when the
+    # longest of all did
+    assert gaps["stalled"] in (0, 1, 2) and (gaps["stalled"] > 0) == (gaps["max_ms"] >= GAP_MS), gaps
     assert all(column in proc.stdout for column in ("Concurrent sessions", "partials run/dropped", "stalled replies"))
 
 
@@ -141,7 +152,7 @@ def test_turns_tiny(tmp_path: Path) -> None:
     assert "End-of-turn detectors" in proc.stdout
 
 
-def test_soak_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
     out = tmp_path / "soak.json"
     proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))
@@ -203,14 +214,15 @@ def test_startup_tiny(tmp_path: Path) -> None:
     assert "first start" in proc.stdout and "median of" not in proc.stdout
 
 
-def test_load_churn_tiny(real_server: ServerProcess, tmp_path: Path) -> None:
+def test_load_churn_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     """Two users arriving by the seeded Poisson process, one question each, then leaving."""
     out = tmp_path / "churn.json"
     proc = run_script("load", "--churn", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["arrivals"] == 2 and r["refused"] + r["errors"] == 0 and r["turns"] == 2, r["error_list"]
-    assert r["v2v_p95"] >= r["v2v_median"] > 0 and 1 <= r["open_max"] <= 2
+    assert_two_turns(r["v2v_median"], r["v2v_p95"], r["summary"]["voice_to_voice"])
+    assert 1 <= r["open_max"] <= 2
     assert r["greetings_synthesised"] + r["greetings_reused"] >= 2  # each user heard the greeting (concise has one)
     assert r["busy_s"]["llm"] > 0 and r["busy_s"]["asr"] > 0 and r["busy_s"]["tts"] > 0  # /metrics: where time went
     assert all(column in proc.stdout for column in ("Churn", "greetings synth/replayed", "open mean/max"))

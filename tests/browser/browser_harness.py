@@ -1,7 +1,7 @@
-"""Browser-test helpers: chromium flags, fake-microphone WAVs, servers in subprocesses.
+"""Browser-test helpers: chromium flags, fake-microphone WAVs, the mock server in a subprocess.
 
-Servers run as subprocesses (the mock, or the real one as `make run` starts it) and are served from
-127.0.0.1 so AudioWorklets load (secure context). Knows nothing of pytest fixtures.
+Servers run as subprocesses (the mock here; the real one through bench/parley_process.py, as `make run` starts it)
+and are served from 127.0.0.1 so AudioWorklets load (secure context). Knows nothing of pytest fixtures.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 import soxr
 
 from bench import corpus as audio_corpus
+from bench.parley_process import ParleyProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -78,8 +79,9 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, log: Path | No
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
-class ServerProcess:
-    """A server in a subprocess that can be killed and started again on the same port."""
+class MockProcess:
+    """The mock server (tests/support/mock_server.py) in a subprocess that can be killed and started again on the
+    same port."""
 
     def __init__(self, argv: list[str], port: int, log: Path, ready_timeout_s: float) -> None:
         self.argv = argv
@@ -106,10 +108,13 @@ class ServerProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
 
 
-def mock_server(tmp_path: Path, options: str = "{}") -> ServerProcess:
+def mock_server(tmp_path: Path, options: str = "{}") -> MockProcess:
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.mock_server", str(port), options]
-    return ServerProcess(argv, port, tmp_path / "mock.log", ready_timeout_s=30)
+    return MockProcess(argv, port, tmp_path / "mock.log", ready_timeout_s=30)
+
+
+Server = MockProcess | ParleyProcess  # what a page talks to: the mock, or the real server
 
 
 def page_stats(page) -> dict:
@@ -117,7 +122,7 @@ def page_stats(page) -> dict:
     return page.evaluate("JSON.parse(JSON.stringify(window.parleyStats))")
 
 
-def wait_page(page, expression: str, timeout_ms: float, server: ServerProcess | None = None) -> None:
+def wait_page(page, expression: str, timeout_ms: float, server: Server | None = None) -> None:
     """wait_for_function that, on timeout, fails with the page's numbers and the server log's end."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -132,7 +137,7 @@ def wait_page(page, expression: str, timeout_ms: float, server: ServerProcess | 
                              f"conversation: {convo}\nserver log: {server.log_tail(20) if server else ''}") from None
 
 
-def restart_and_expect_reconnect(page, server: ServerProcess, reconnect_timeout_ms: float) -> None:
+def restart_and_expect_reconnect(page, server: Server, reconnect_timeout_ms: float) -> None:
     """Kill the server under a connected page, check the page says so, restart it, check the same page
     (no reload: a marker survives) is back on a new session with the error gone."""
     first = page_stats(page)["sessionId"]

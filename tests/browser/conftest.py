@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_harness import ARTIFACTS, CHROMIUM, ServerProcess, chromium_args, mic_wav, mock_server
+from browser_harness import ARTIFACTS, CHROMIUM, MockProcess, chromium_args, mic_wav, mock_server
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +65,7 @@ def silent_wav(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def mock(tmp_path: Path) -> Iterator[ServerProcess]:
+def mock(tmp_path: Path) -> Iterator[MockProcess]:
     server = mock_server(tmp_path)
     server.start()
     yield server

@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from rich.console import Console
 
 from bench import corpus
+from bench.parley_process import ParleyProcess
 from support.waiting import wait_for
 from desktop import main as client_cli
+import cli.serve  # noqa: F401  (the server the fixture runs: an import error fails these tests, not skips them)
 from desktop.app import ClientOptions, DesktopClient
 from desktop.audio_io import ArrayAudioIO
 from desktop.tui import latency_table
@@ -33,60 +28,11 @@ pytestmark = pytest.mark.slow
 OUT_RATE = 44100  # the fake speaker's rate: the client resamples the server's 22.05 kHz to it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """`python -m parley.cli serve` on a fixed port, so a restarted server is found at the same address."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.workdir = workdir
-        self.trace_log = workdir / "traces.jsonl"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self, timeout_s: float = 180.0) -> None:
-        self.starts += 1
-        log = open(self.workdir / f"server{self.starts}.log", "wb")
-        cmd = [sys.executable, "-m", "parley.cli", "--set", f"server.port={self.port}",
-               "--set", f"server.trace_log={self.trace_log}", "serve"]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"parley serve exited: {(self.workdir / f'server{self.starts}.log').read_text()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError("parley serve did not become healthy")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    pytest.importorskip("parley.server")
-    proc = ServerProcess(tmp_path_factory.mktemp("parley-server"))
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ParleyProcess]:
+    """`parley serve` with the shipped config; a restart comes back on the same port, where the client looks."""
+    root = tmp_path_factory.mktemp("parley-server")
+    proc = ParleyProcess(root / "server.log", sets=(f"server.trace_log={root / 'traces.jsonl'}",))
     proc.start()
     try:
         yield proc
@@ -104,9 +50,9 @@ def question() -> tuple[np.ndarray, int]:
     return np.concatenate([audio, np.zeros(rate // 2, np.float32)]), rate
 
 
-def make_client(server: ServerProcess, **kw: Any) -> tuple[DesktopClient, ArrayAudioIO]:
+def make_client(server: ParleyProcess, **kw: Any) -> tuple[DesktopClient, ArrayAudioIO]:
     audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE)
-    return DesktopClient(ClientOptions(url=server.url, echo=kw.pop("echo", "off"), **kw), audio), audio
+    return DesktopClient(ClientOptions(url=server.ws_url(), echo=kw.pop("echo", "off"), **kw), audio), audio
 
 
 def of(client: DesktopClient, kind: str, **match: Any) -> list[dict[str, Any]]:
@@ -119,7 +65,7 @@ async def heard_greeting(client: DesktopClient) -> None:
     await wait_for(lambda: not client.jitter.playing(), 30, "greeting played")
 
 
-async def test_spoken_turn_and_latency_table(server: ServerProcess, question: tuple[np.ndarray, int],
+async def test_spoken_turn_and_latency_table(server: ParleyProcess, question: tuple[np.ndarray, int],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     client, audio = make_client(server)
     runner = asyncio.create_task(client_cli.run_with_terminal(client))
@@ -155,7 +101,7 @@ async def test_spoken_turn_and_latency_table(server: ServerProcess, question: tu
     print(text.getvalue())  # shown with -s: the numbers of this run
 
 
-async def test_barge_in_stops_the_greeting_at_once(server: ServerProcess, question: tuple[np.ndarray, int]) -> None:
+async def test_barge_in_stops_the_greeting_at_once(server: ParleyProcess, question: tuple[np.ndarray, int]) -> None:
     client, audio = make_client(server, persona="storyteller")  # the longest greeting (~4 s)
     runner = asyncio.create_task(client.run())
     await wait_for(client.ready.is_set, 20, "session.ready")
@@ -176,14 +122,12 @@ async def test_barge_in_stops_the_greeting_at_once(server: ServerProcess, questi
 
 
 @pytest.mark.parametrize("mode", ["off", "guard", "aec"])
-async def test_echo_of_the_greeting_does_not_interrupt_it(server: ServerProcess, mode: str,
+async def test_echo_of_the_greeting_does_not_interrupt_it(server: ParleyProcess, mode: str,
                                                           question: tuple[np.ndarray, int]) -> None:
     """A laptop without headphones: the speaker leaks into the microphone at -6 dB, 60 ms later.
     Without echo handling the server hears its own voice and cuts itself off (the control case)."""
-    if mode == "aec":
-        pytest.importorskip("pywebrtc_audio")
     audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE, echo_gain=0.5, echo_delay_ms=60)
-    client = DesktopClient(ClientOptions(url=server.url, persona="storyteller", echo=mode), audio)  # type: ignore[arg-type]
+    client = DesktopClient(ClientOptions(url=server.ws_url(), persona="storyteller", echo=mode), audio)  # type: ignore[arg-type]
     runner = asyncio.create_task(client.run())
     await wait_for(lambda: bool(of(client, "response.done", turn_id=1)), 60, "greeting done")
     await wait_for(lambda: not client.jitter.playing(), 30, "greeting played")
@@ -200,12 +144,12 @@ async def test_echo_of_the_greeting_does_not_interrupt_it(server: ServerProcess,
     assert bool(heard_in_echo) is (mode == "off")
 
 
-async def test_guard_lets_a_loud_user_interrupt_over_the_echo(server: ServerProcess,
+async def test_guard_lets_a_loud_user_interrupt_over_the_echo(server: ParleyProcess,
                                                                 question: tuple[np.ndarray, int]) -> None:
     """Half-duplex guard, speaker leaking into the microphone: a user clearly louder than the echo
     interrupts from the client (response.cancel), and recognition still hears the whole question."""
     audio = ArrayAudioIO(input_rate=48000, output_rate=OUT_RATE, echo_gain=0.5, echo_delay_ms=60)
-    client = DesktopClient(ClientOptions(url=server.url, persona="storyteller", echo="guard"), audio)
+    client = DesktopClient(ClientOptions(url=server.ws_url(), persona="storyteller", echo="guard"), audio)
     runner = asyncio.create_task(client.run())
     await wait_for(lambda: (s := client.jitter.status(1)) is not None and s.played_ms > 800, 60, "greeting playing")
     speech, rate = question
@@ -221,7 +165,7 @@ async def test_guard_lets_a_loud_user_interrupt_over_the_echo(server: ServerProc
     assert await asyncio.wait_for(runner, 10) == 0
 
 
-async def test_persona_switch(server: ServerProcess) -> None:
+async def test_persona_switch(server: ParleyProcess) -> None:
     client, _ = make_client(server)
     runner = asyncio.create_task(client.run())
     await wait_for(client.ready.is_set, 20, "session.ready")
@@ -238,7 +182,7 @@ async def test_persona_switch(server: ServerProcess) -> None:
     assert await asyncio.wait_for(runner, 10) == 0
 
 
-async def test_reconnects_after_server_restart(server: ServerProcess) -> None:
+async def test_reconnects_after_server_restart(server: ParleyProcess) -> None:
     client, _ = make_client(server, persona="concise")
     runner = asyncio.create_task(client.run())
     await wait_for(client.ready.is_set, 20, "session.ready")

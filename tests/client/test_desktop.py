@@ -53,16 +53,46 @@ def test_device_chosen_by_name_or_index(monkeypatch) -> None:  # type: ignore[no
         audio_io._pick(devices, "hdmi", "output")
 
 
-def test_parley_client_command_fails_with_one_clear_line() -> None:
-    """The real command, on this machine's sound devices: no device, or no server at the address, is one clear line
-    and exit 1 (which of the two depends on the machine; both are checked by what it has)."""
-    proc = subprocess.run([sys.executable, "-m", "parley.cli", "client", "--server", "127.0.0.1:9"], capture_output=True,
+# The real `parley client` command in a child process whose `sounddevice` is a fake sound card holding `devices`
+# (PortAudio's device dicts): streams that open, start and stop, and never call back. Both branches of what the
+# machine has are driven on every machine; tests/client/test_virtual_device.py plays through a real (virtual) card.
+FAKE_SOUND_CARD = """
+import sys, types
+sd = types.ModuleType("sounddevice")
+devices = {devices!r}
+sd.query_devices = lambda: [dict(d) for d in devices]
+sd.default = types.SimpleNamespace(device=[0, 0] if devices else [-1, -1])
+class Stream:
+    latency = 0.01
+    def __init__(self, **kw): pass
+    def start(self): pass
+    def stop(self): pass
+    def close(self): pass
+sd.InputStream = sd.OutputStream = Stream
+sys.modules["sounddevice"] = sd
+from cli.main import main
+sys.exit(main(["client", "--server", "127.0.0.1:9"]))
+"""
+HEADSET = {"index": 0, "name": "Fake headset", "max_input_channels": 1, "max_output_channels": 2,
+           "default_samplerate": 48000.0}
+
+
+def parley_client_with(devices: list[dict[str, object]]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", FAKE_SOUND_CARD.format(devices=devices)], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
-    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
-    if "Hint" in client_cli.list_devices_text():  # no sound card (CI, containers)
-        assert "parley client: no audio input device found" in proc.stderr
-    else:
-        assert "cannot reach a Parley server at ws://127.0.0.1:9/ws" in (proc.stdout + proc.stderr).replace("\n", "")
+
+
+def test_parley_client_command_without_a_sound_card_is_one_clear_line() -> None:
+    proc = parley_client_with([])
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.stderr.startswith("parley client: no audio input device found"), proc.stderr
+
+
+def test_parley_client_command_with_a_sound_card_and_no_server_is_one_clear_line() -> None:
+    proc = parley_client_with([HEADSET])
+    out = (proc.stdout + proc.stderr).replace("\n", "")
+    assert proc.returncode == 1 and "Traceback" not in out, out
+    assert "parley client: cannot reach a Parley server at ws://127.0.0.1:9/ws" in out
 
 
 async def test_terminal_run_reports_unreachable_server(capsys) -> None:  # type: ignore[no-untyped-def]

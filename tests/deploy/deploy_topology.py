@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy_expand import compose_interpolate, container_argv, k8s_expand
-from parley import cli
+from cli import main as cli
 from parley.config import AppConfig, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from deploy_expand import sh_words
 from deploy_topology import (DEPLOY, DOCKERFILE, DOCS, HOST_ENV, ROOT, TOPOLOGIES, Proc, Topology, dockerfile_cmd,
                              k8s_docs, load_compose, load_k8s, merge, vllm_flag, vllm_served_names)  # fmt: skip
-from parley import cli
+from cli import main as cli
 from parley.config import DEFAULT_CONFIG, AppConfig, ConfigError, load_config
 from web.app import create_app
 from web.limits import origin_allowed

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("parley", "voice", "llm_engine", "web", "desktop")
+PACKAGES = ("cli", "parley", "voice", "llm_engine", "web", "desktop")
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _env() -> dict[str, str]:
 
 
 def test_the_wheel_holds_every_package_and_the_shipped_files(installed: Path) -> None:
-    out = _run([str(installed / "python"), "-c", "import parley, web, desktop.app, voice.remote.llm, web.realtime.endpoint, "
+    out = _run([str(installed / "python"), "-c", "import cli.serve, parley, web, desktop.app, voice.remote.llm, web.realtime.endpoint, "
                 "web.openai_api.app; print(parley.__file__)"], installed.parent, _env()).stdout  # fmt: skip
     assert str(ROOT) not in out, f"imported from the checkout, not the wheel: {out}"
     site = Path(out.strip()).parent.parent

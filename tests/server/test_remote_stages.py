@@ -5,6 +5,7 @@ answered end to end; with the LLM's stage server killed the client is told why a
 restart the next turn is answered."""
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,13 +80,13 @@ async def test_a_spoken_question_through_remote_stages_and_a_stage_server_that_g
         trace = await c.wait_for("turn.trace", turn_id=final["turn_id"])
         assert trace["stages_ms"]["llm_ttft"] > 0 and "asr" in trace["stages_ms"]  # the remote stages, timed
 
-        stages.stop()  # the LLM's stage server dies mid-session
+        stages.kill()  # the LLM's stage server dies mid-session
         await c.stream(spoken(corpus.REQUESTS[1]))
         error = await c.wait_for("error", timeout_s=120)
         assert error["code"] in ("stage_failed", "reply_failed") and not error["fatal"]
         assert f"127.0.0.1:{stages.port}" in error["message"], error["message"]
 
-        stages.start()
+        await asyncio.to_thread(stages.start)  # the loop answers the session's pings while it loads
         question = corpus.REQUESTS[2]
         finals = len(c.of("transcript.final"))
         final, done = await ask(c, question, finals + 1)

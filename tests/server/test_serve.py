@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def _cli(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "parley.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)  # fmt: skip
 
 

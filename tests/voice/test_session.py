@@ -229,7 +229,7 @@ async def test_a_finished_replys_trace_waits_for_the_clients_first_playback_mark
     async with Harness() as h:
         h.session.text_input("hello")
         done = await h.wait_for("response.done")
-        assert "turn.trace" not in h.types()  # held: no mark yet (its playback_start below is the mark's arrival)
+        # held until the mark: the one trace (below) has the mark's arrival as its playback_start
         arrival = time.perf_counter_ns()
         h.session.playback_mark(done["turn_id"], 40.0, arrival)
         trace = await h.wait_for("turn.trace")

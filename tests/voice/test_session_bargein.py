@@ -32,9 +32,10 @@ async def test_speech_during_reply_clears_audio_cancels_everything_and_keeps_wha
         start_ms = h.audio_ms
         at_ms = await h.feed(tone(800), until=cleared)
         assert at_ms is not None, "no response.audio.clear"
-        # the clear comes once the speech has lasted barge_in_min_speech_ms (200), within a frame or two
+        # the clear is decided on the frame where the speech has lasted barge_in_min_speech_ms (200), on the audio
+        # clock; when it reaches the test (how much more audio was fed meanwhile) is the machine's speed
         assert h.settings.turns.barge_in_min_speech_ms == 200.0
-        assert 200.0 <= at_ms - start_ms <= 240.0
+        assert at_ms - start_ms >= 200.0
         assert h.of("response.audio.clear")[0]["t_ms"] == start_ms + 200.0  # the frame that decided it
         done = await h.wait_for("response.done")
         assert h.of("response.audio.clear")[0]["turn_id"] == turn == done["turn_id"]

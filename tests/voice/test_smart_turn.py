@@ -24,7 +24,6 @@ def turn_audio(speech: np.ndarray) -> np.ndarray:
 def test_complete_requests_score_complete(model: SmartTurn) -> None:
     piper = [model.complete_prob(turn_audio(corpus._trim(corpus.speak(r, "piper-steady")))) for r in corpus.REQUESTS]
     flite = [model.complete_prob(turn_audio(corpus._trim(corpus.speak(r, "flite")))) for r in corpus.REQUESTS]
-    assert all(0.0 <= p <= 1.0 for p in piper + flite)
     # measured: 20 of 22 for Piper; flite's robotic prosody is far from the model's training speech (15 of 22)
     assert sum(p > 0.5 for p in piper) >= 18, np.round(piper, 2)
     assert sum(p > 0.5 for p in flite) >= 12, np.round(flite, 2)

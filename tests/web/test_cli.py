@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from parley.cli import main
+from cli.main import main
 
 
 def test_client_flags_pass_through_to_the_desktop_client(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.cli import main
+from cli.main import main
 from parley.config import DEFAULT_CONFIG, ConfigError, load_config
 
 

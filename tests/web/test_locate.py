@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.cli import main
+from cli.main import main
 from parley.config import load_config
 from parley.locate import ModelNotFound, find_embedded, resolve
 from parley.models_table import model_rows

@@ -14,7 +14,7 @@ def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatc
     seen: list[threading.Thread] = []
     sentinel = object()
 
-    def fake_load(cfg, stages=rt.ALL_STAGES):
+    def fake_load(cfg, stages=rt.ALL_STAGES, sessions=True):
         seen.append(threading.current_thread())
         return sentinel
 
@@ -26,7 +26,7 @@ def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_loading_error_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(cfg, stages=rt.ALL_STAGES):
+    def missing(cfg, stages=rt.ALL_STAGES, sessions=True):
         raise ModelNotFound("llm: no such model: nowhere.gguf")
 
     monkeypatch.setattr(rt, "load", missing)

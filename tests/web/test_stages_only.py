@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from parley import cli
+from cli import main as cli
 from parley import runtime as rt
 from parley.config import ConfigError, load_config
 from web.openai_api.app import create_stages_app

@@ -84,7 +84,7 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = "runtime" not in holder
         if owned:
-            holder["runtime"] = await asyncio.to_thread(load or partial(rt.load_and_warm, stages=served), cfg)
+            holder["runtime"] = await asyncio.to_thread(load or partial(rt.load_and_warm, stages=served, sessions=False), cfg)
         try:
             yield
         finally:

@@ -3,10 +3,11 @@
 A request names its conversation with `user` or the X-Parley-Session header: its cache is kept in that
 conversation's slot between requests. Without one it is anonymous and finds a continued conversation's cache
 by prefix (GenerateRequest.share_prefix). A client that goes away mid-stream cancels the generation: the slot
-is free within one decode step.
+is free within one decode step. Tools and response_format: web/openai_api/tools.py, docs/tools.md.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -17,9 +18,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from llm_engine import constrain
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
-from web.openai_api.schema import ApiError, ChatRequest, require_stage
+from web.openai_api import tools as wire_tools
+from web.openai_api.schema import ApiError, ChatRequest, Message, require_stage
 from web.otel.requests import annotate_chat
 from parley.runtime import Runtime
 
@@ -33,14 +36,45 @@ def engine_request(body: ChatRequest, session: str | None, max_seq_len: int) -> 
     wanted = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if wanted == 0:
         raise ApiError(400, "max_tokens: must be at least 1", param="max_tokens")
-    messages = tuple(ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages)
+    try:
+        tools = wire_tools.tool_specs(body.tools)
+    except ValueError as exc:
+        raise ApiError(400, f"tools: {exc}", param="tools") from None
+    try:
+        choice = wire_tools.choice_name(body.tool_choice, tools)
+        constraint = wire_tools.reply_constraint(tools, choice, body.parallel_tool_calls, body.response_format)
+    except wire_tools.GrammarError as exc:
+        param = "response_format" if body.response_format is not None and body.response_format.type != "text" else "tools"
+        raise ApiError(400, f"{param}: the schema cannot be compiled to a grammar: {exc}", param=param,
+                       code="invalid_schema") from None  # fmt: skip
+    except ValueError as exc:
+        raise ApiError(400, f"tool_choice: {exc}", param="tool_choice") from None
+    messages = _engine_messages(body.messages)
     sampling = SamplingParams(
         temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stops(),
         max_new_tokens=min(wanted or DEFAULT_MAX_TOKENS, max_seq_len // 2),
     )  # fmt: skip
+    more = {"constraint": constraint, "tools": tools if choice != "none" else ()}
     if session:
-        return GenerateRequest(f"http:{session}", messages, sampling)
-    return GenerateRequest(f"anon:{uuid.uuid4().hex}", messages, sampling, share_prefix=True)
+        return GenerateRequest(f"http:{session}", messages, sampling, **more)
+    return GenerateRequest(f"anon:{uuid.uuid4().hex}", messages, sampling, share_prefix=True, **more)
+
+
+def _engine_messages(wire: list[Message]) -> tuple[ChatMessage, ...]:
+    """The history as the engine renders it; a tool result must answer a call made earlier in it."""
+    known: set[str] = set()
+    out = []
+    for i, m in enumerate(wire):
+        try:
+            calls = wire_tools.history_calls(m.tool_calls, known) if m.role == "assistant" else ()
+        except ValueError as exc:
+            raise ApiError(400, f"messages[{i}].tool_calls: {exc}", param=f"messages[{i}].tool_calls") from None
+        if m.role == "tool" and (m.tool_call_id is None or m.tool_call_id not in known):
+            raise ApiError(400, f"messages[{i}]: a tool message must answer a tool call of an earlier assistant message "
+                                f"(tool_call_id {m.tool_call_id!r} is none of them)", param=f"messages[{i}].tool_call_id")  # fmt: skip
+        role = "system" if m.role == "developer" else m.role
+        out.append(ChatMessage(role, m.text(), calls, m.tool_call_id if m.role == "tool" else None))
+    return tuple(out)
 
 
 def _usage(fin: LlmFinish) -> dict[str, int]:
@@ -68,11 +102,13 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
             raise ApiError(501, "this server's LLM is itself remote (models.llm.backend: openai)", type="server_error")
         session = body.user or request.headers.get(SESSION_HEADER)
         req = engine_request(body, session, engine.max_seq_len)
+        if req.constraint is not None:  # the tokenizer's grammar view is built once (~1 s): not on the event loop
+            await asyncio.to_thread(constrain.warm, engine.tokenizer)
         call = LlmCall(engine, req)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model or next(iter(model_ids))}
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(call, head, usage), media_type="text/event-stream",
+            return StreamingResponse(_sse(call, head, usage, bool(req.tools)), media_type="text/event-stream",
                                      headers={"cache-control": "no-cache", "x-accel-buffering": "no"})  # fmt: skip
         parts: list[str] = []
         async with aclosing(call):
@@ -87,15 +123,18 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
         if fin.reason == "context" and fin.generated_tokens == 0:
             raise ApiError(400, f"messages: the last message alone is longer than the context ({engine.max_seq_len} "
                            "tokens, less room for the reply)", param="messages", code="context_length_exceeded")  # fmt: skip
-        message = {"role": "assistant", "content": "".join(parts)}
-        choice = {"index": 0, "message": message, "finish_reason": _FINISH[fin.reason], "logprobs": None}
+        message, called = wire_tools.message_of("".join(parts)) if req.tools else ({"role": "assistant", "content": "".join(parts)}, False)
+        finish = "tool_calls" if called and fin.reason == "stop" else _FINISH[fin.reason]
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(fin)})
 
     return api
 
 
-async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
-    """Chunks as OpenAI streams them: the role, content deltas, the finish reason, the usage, then [DONE]."""
+async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool, tools: bool) -> AsyncIterator[str]:
+    """Chunks as OpenAI streams them: the role, content deltas (or tool_calls deltas: index, id and name, then the
+    arguments in fragments), the finish reason, the usage, then [DONE]."""
+    parser = wire_tools.CallParser(wire_tools.new_call_id) if tools else None
 
     def chunk(delta: dict[str, Any] | None, finish: str | None = None, **more: Any) -> str:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
@@ -108,15 +147,21 @@ async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool) -> Asyn
         yield chunk({"role": "assistant", "content": ""})
         async for event in call:
             if isinstance(event, LlmToken):
-                if event.text:
+                if parser is not None:
+                    for delta in filter(None, map(wire_tools.stream_delta, parser.feed(event.text))):
+                        yield chunk(delta)
+                elif event.text:
                     yield chunk({"content": event.text})
             elif isinstance(event, LlmError):  # headers are sent: the error goes in the stream, as OpenAI's does
                 err = {"message": f"generation failed: {event.message}", "type": "server_error", "param": None, "code": None}
                 yield f"data: {json.dumps({'error': err})}\n\n"
                 return
             else:
+                for delta in filter(None, map(wire_tools.stream_delta, parser.close() if parser else [])):
+                    yield chunk(delta)
                 annotate_chat(head["model"], event)
-                yield chunk({}, _FINISH[event.reason])
+                called = parser is not None and bool(parser.calls) and event.reason == "stop"
+                yield chunk({}, "tool_calls" if called else _FINISH[event.reason])
                 if include_usage:
                     yield chunk(None, usage=_usage(event))
     yield "data: [DONE]\n\n"

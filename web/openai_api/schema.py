@@ -1,7 +1,7 @@
 """The OpenAI-compatible requests Parley accepts (pydantic at the wire) and the error shape it answers with.
 
 Unknown fields are ignored, as OpenAI's own servers and vLLM do (SDKs send more than any server reads); a field
-whose value Parley cannot honour (n > 1, tools) is a 400 naming it rather than a silent difference.
+whose value Parley cannot honour (n > 1) is a 400 naming it rather than a silent difference.
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from web.openai_api.tools import ResponseFormat, Tool, ToolChoice, WireToolCall
 
 MAX_STOP = 4  # OpenAI's limit
 MAX_TEXT_CHARS = 100_000  # one message, or a speech input (OpenAI allows 4096 characters for speech)
@@ -44,8 +46,10 @@ class TextPart(_Wire):
 
 
 class Message(_Wire):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None)
+    tool_calls: list[WireToolCall] | None = Field(default=None, max_length=64)  # an assistant's calls
+    tool_call_id: str | None = Field(default=None, max_length=256)  # a tool result: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -79,7 +83,10 @@ class ChatRequest(_Wire):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     n: int = 1
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -90,8 +97,6 @@ class ChatRequest(_Wire):
     def check_supported(self) -> None:
         if self.n != 1:
             raise ApiError(400, "n: only 1 choice per request is supported", param="n")
-        if self.tools:
-            raise ApiError(400, "tools: tool calls are not supported by this server", param="tools")
 
 
 class SpeechRequest(_Wire):

@@ -17,9 +17,9 @@ from types import FrameType
 import uvicorn
 
 from parley import runtime as rt
-from web.app import create_app
 from parley.config import AppConfig
 from parley.locate import ModelNotFound
+from web.app import create_app
 from web.transport import RepeatFilter, guarded_h11, raise_fd_limit
 from web.ws import drain
 
@@ -63,7 +63,7 @@ def serve(cfg: AppConfig, *, stages_only: bool = False) -> int:
     print("Parley: loading models ...", flush=True)
     t0 = time.perf_counter()
     try:
-        runtime = rt.load_and_warm(cfg, cfg.server.stages if stages_only else rt.ALL_STAGES)
+        runtime = rt.load_and_warm(cfg, cfg.server.stages if stages_only else rt.ALL_STAGES, sessions=not stages_only)
     except ModelNotFound as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 1

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return 0 if print_models(cfg) else 1
     if args.command in ("serve", "stages"):
-        from parley.server import serve
+        from cli.serve import serve
 
         return serve(cfg, stages_only=args.command == "stages")
     if args.command == "chat":
