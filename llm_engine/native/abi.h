@@ -29,6 +29,7 @@ struct PLayer {
     PLinear down;            // inter -> hidden
     const float* q_norm;     // [head_dim] RMS norm of each query head before rope (Qwen3), or null
     const float* k_norm;     // [head_dim] the same for each key head, or null
+    int32_t window;          // sliding-window attention: the last `window` positions (the row's own included); 0 = all
 };
 
 struct PModel {

@@ -151,8 +151,11 @@ void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t*
                 m.v_scale[row] = own.kv_scale[(size_t)b * 2 * hkv + hkv + head];
             }
         }
+    const int window = m.layers[l].window;
     for (int b = 0; b < rows; ++b) {
-        const int len = (int)pos[b] + 1, t0 = (int)((int64_t)len * me / nt), t1 = (int)((int64_t)len * (me + 1) / nt);
+        // This row's positions [first, len): all of them, or under a sliding window the last `window`.
+        const int len = (int)pos[b] + 1, first = window > 0 ? std::max(0, len - window) : 0, n = len - first;
+        const int t0 = first + (int)((int64_t)n * me / nt), t1 = first + (int)((int64_t)n * (me + 1) / nt);
         const T* kv = mine + (size_t)b * 2 * hkv * d;
         for (int kvh = 0; kvh < hkv; ++kvh) {
             const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;

@@ -34,7 +34,7 @@ class PLayer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
         ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
-        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("window", ctypes.c_int32),
     ]
 
 
@@ -198,7 +198,7 @@ class NativeDecoder:
                 describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
                 describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
                 _ptr(b.self_attn.q_norm.weight if b.self_attn.q_norm is not None else None, keep),
-                _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep),
+                _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep), b.self_attn.window,
             )
         head = (describe_linear(model.lm_head, keep) if model.lm_head is not None
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
