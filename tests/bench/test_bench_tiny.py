@@ -226,3 +226,15 @@ def test_load_churn_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     assert r["greetings_synthesised"] + r["greetings_reused"] >= 2  # each user heard the greeting (concise has one)
     assert r["busy_s"]["llm"] > 0 and r["busy_s"]["asr"] > 0 and r["busy_s"]["tts"] > 0  # /metrics: where time went
     assert all(column in proc.stdout for column in ("Churn", "greetings synth/replayed", "open mean/max"))
+
+
+def test_tools_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "tools.json"
+    proc = run_script("tools", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["requests"] == 4 and result["auto"]["requests"] == 4 and result["required"]["requests"] == 3
+    forced = result["required"]
+    assert forced["valid"] == forced["calls"] and forced["calls"] + forced["cut"] >= 3  # valid by construction
+    assert result["mask"]["free_tok_s"] > 0 and result["mask"]["grammar_tok_s"] > 0 and result["mask"]["mask_ms"] > 0
+    assert "tool_choice" in proc.stdout and "of a decode step" in proc.stdout
