@@ -5,7 +5,8 @@ CPU step (llm_engine/native), and with speculation (int4 self-draft, torch); con
 concurrent requests (aggregate tokens/s through the threaded Engine, compiled step and torch); transformers
 `generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF. Our rows keep keys and
 values in float16, as the engine does on CPU by default (llama.cpp's default too; transformers: float32).
-Then decode speed with 40..2000 cached positions, ours with a float32 and a float16 cache, and llama.cpp.
+Then decode speed with 40..2000 cached positions, ours with a float32 and a float16 cache, and llama.cpp; then
+(bench/llm_kv.py) float16 vs int8 keys and values at 256 / 2000 / 8000 positions, tokens/s and MB per slot.
 Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
 to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
 Then (bench/llm_models.py) a new session's TTFT under a ~300-token persona prompt, cold vs a prefix-cache hit,
@@ -27,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from bench.llm_batch import aggregate_throughput  # noqa: E402
+from bench.llm_kv import kv_table  # noqa: E402
 from bench.llm_models import persona_table, shapes_table  # noqa: E402
 from bench.model_shapes import SHAPES  # noqa: E402
 from bench.llm_speed import (  # noqa: E402
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,8", help="concurrent requests in the batching rows")
     ap.add_argument("--contexts", default="40,300,1000,2000", help="cached positions for the context table")
     ap.add_argument("--context-steps", type=int, default=32, help="decode steps per timed run in the context table")
+    ap.add_argument("--kv-contexts", default="256,2000,8000", help="cached positions for the float16 vs int8 KV table")
     ap.add_argument("--persona-sessions", type=int, default=6, help="new sessions in the persona table (0: skip it)")
     ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
     ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
@@ -194,6 +197,7 @@ def main() -> None:
         baselines["llama.cpp"] = lc[1]
     on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")], prompt, not args.skip_llama_cpp,
                   args.context_steps)
+    on_own_thread(kv_table, args.model, [int(p) for p in args.kv_contexts.split(",")], args.context_steps)
     if baselines:
         print("\nRatios of decode tokens/s (the same run, the same cores):")
         print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))

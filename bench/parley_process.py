@@ -86,17 +86,19 @@ class ParleyProcess:
         return f"ws://127.0.0.1:{self.port}{path}" + (f"?token={token}" if token else "")
 
     def terminate(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM (the server drains), then wait for it to end by itself. -> its exit code."""
+        """SIGTERM to the server alone (it drains: the replies it is speaking may finish, their speech processes
+        too), then wait for it to end by itself. -> its exit code."""
         assert self.proc is not None, "not started"
-        self._signal(signal.SIGTERM)
+        self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout_s)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, and SIGKILL for whatever of its group is still there after `grace_s`."""
+        """SIGTERM to the server, and SIGKILL for whatever of its group is still there after `grace_s` or once it
+        has ended (a speech process it left behind)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

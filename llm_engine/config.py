@@ -42,6 +42,13 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3 RMS-normalises each head's query and key (over head_dim) before rope
     max_position_embeddings: int = 2048
     architecture: str = "llama"
+    # Sliding-window attention, one entry per layer (empty: every layer global): a layer with window W > 0
+    # attends to its own position and the W - 1 before it (Mistral: every layer; Gemma 3: five local to one global)
+    layer_windows: tuple[int, ...] = ()
+
+    def window(self, layer: int) -> int:
+        """The layer's attention window in positions; 0 = the whole context."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -66,11 +73,12 @@ class ModelConfig:
         )
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(cfg.get("head_dim") or hidden // num_heads),
@@ -82,6 +90,7 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             architecture=model_type,
+            layer_windows=hf_layer_windows(cfg, layers),
         )
 
     @classmethod
@@ -110,4 +119,22 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.qkv_bias,
             "max_position_embeddings": self.max_position_embeddings,
-        }
+            **({"sliding_window": max(self.layer_windows), "use_sliding_window": True,
+                "layer_types": ["sliding_attention" if w else "full_attention" for w in self.layer_windows]}
+               if any(self.layer_windows) else {}),
+        }  # fmt: skip
+
+
+def hf_layer_windows(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """Per-layer windows from an HF config: `layer_types` (Gemma 3, Qwen2/3) marks the windowed layers, else
+    `sliding_window` applies to all (Mistral); Qwen2/3 use it only under `use_sliding_window`. () = none."""
+    window = cfg.get("sliding_window")
+    if cfg.get("model_type") in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return ()
+    types = cfg.get("layer_types") or ["sliding_attention"] * layers
+    if len(types) != layers:
+        raise ValueError(f"layer_types names {len(types)} layers, the model has {layers}")
+    windows = tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()

@@ -35,15 +35,15 @@ def static_decode_step(
     sin = model.rope_sin[input_pos].unsqueeze(1).to(x.dtype)
     mask = (key_pos[None, :] <= input_pos).view(b, 1, 1, -1)  # [B, 1, 1, S]: stale rows past pos stay hidden
     pos = input_pos[:, 0]  # [B]
+    windowed = {w: mask & (key_pos[None, :] > input_pos - w).view(b, 1, 1, -1) for w in {blk.self_attn.window for blk in model.layers} if w}
     for block in model.layers:
         attn = block.self_attn
         h = block.input_layernorm(x)
         q, k, v = attn.project(h, cos, sin)  # [B, H, 1, D], [B, Hkv, 1, D] x2
-        ck, cv = cache.k[attn.layer], cache.v[attn.layer]  # [slots, Hkv, S, D]
-        ck[slot_idx, :, pos] = k[:, :, 0]  # advanced indices around a slice: target is [B, Hkv, D]
-        cv[slot_idx, :, pos] = v[:, :, 0]
-        keys, values = ck[slot_idx].to(q.dtype), cv[slot_idx].to(q.dtype)  # [B, Hkv, S, D]; a no-op unless float16
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=attn.n_kv != attn.n_heads)
+        cache.write_rows(attn.layer, slot_idx, pos, k[:, :, 0], v[:, :, 0])
+        keys, values = (t.to(q.dtype) for t in cache.read_rows(attn.layer, slot_idx))  # [B, Hkv, S, D], int8 dequantized
+        layer_mask = windowed[attn.window] if attn.window else mask  # a sliding-window layer sees its last `window` keys
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=layer_mask, enable_gqa=attn.n_kv != attn.n_heads)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, attn.n_heads * attn.head_dim))
         x = x + block.mlp(block.post_attention_layernorm(x))
     return model.logits(model.norm(x[:, 0]))  # [B, V]

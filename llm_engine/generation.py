@@ -77,8 +77,10 @@ class Generation:
         reserve = min(self.params.max_new_tokens, max_seq_len // 4)
         fitted = fit_messages(tokenizer, req.messages, max_seq_len - max(reserve, 1), req.tools)
         self.fits = fitted is not None
+        self.dropped_messages = 0
         if fitted is not None:
             self.prompt, messages = list(fitted[0]), fitted[1]
+            self.dropped_messages = len(req.messages) - len(messages)
             if req.probe_user_end:
                 self.probe = tokenizer.user_end_probe(messages, self.prompt, req.tools)
 
@@ -211,4 +213,4 @@ class Generation:
         if queue_s is not None:
             self.timings = replace(self.timings, queue_ms=1000 * (queue_s - self.submitted_s))
         self.finished = True
-        return [FinishEvent(reason, self.timings, self.end_prob, len(self.generated))]
+        return [FinishEvent(reason, self.timings, self.end_prob, len(self.generated), self.dropped_messages)]

@@ -124,7 +124,7 @@ def dequantized(t: Any, cfg: ModelConfig) -> torch.Tensor:
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: its rope scaling, as one divisor per rotary frequency
 # The tensor types Parley reads (each tested against gguf's own dequantize); others are refused by name.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q6_K")
 
 
 def read_config(reader: Any, gguf_path: Path) -> ModelConfig:

@@ -7,7 +7,7 @@ exactly that, so their codes are copied, never rounded:
 - Q4_K (256 weights: fp16 d and dmin, eight 6-bit (scale, min) pairs, 4-bit codes; w = q * d*sc - dmin*mn):
   scale d*sc, minimum -dmin*mn per 32 weights (float32, as llama.cpp computes them).
 Q8_0 (32 weights, one fp16 scale) has no exact per-channel int8 equivalent and is requantized per channel.
-Q5_K, Q6_K and the float types are dequantized and quantized again as `llm.quant` asks (quantize.py).
+Q5_0, Q5_K, Q6_K and the float types are dequantized and quantized again as `llm.quant` asks (quantize.py).
 It knows nothing about the engine.
 """
 from __future__ import annotations

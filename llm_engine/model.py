@@ -1,4 +1,4 @@
-"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral without sliding window, Qwen2, Qwen3).
+"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), with per-layer sliding windows.
 
 It reads and writes keys/values through a StaticKVCache at explicit positions and slots, so one
 forward serves prefill, decode and (later) batches of slots. It knows nothing about tokens as text,
@@ -74,6 +74,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
+        self.window = cfg.window(layer)  # 0: attends to the whole context
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
@@ -117,6 +118,8 @@ class Attention(nn.Module):
         cache.write(self.layer, slots, input_pos, k, v)
         keys, values = cache.read(self.layer, slots, kv_len)  # [B, Hkv, kv_len, D]
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # a no-op unless a float16 cache under a float32 model
+        if t == 1 and mask is None and self.window:  # one row at position kv_len - 1: its window is a slice
+            keys, values = keys[:, :, max(0, kv_len - self.window) :], values[:, :, max(0, kv_len - self.window) :]
         if t == 1 and mask is None:
             # One query per row that sees every key: the G query heads sharing a kv head are just G queries
             # of that head, so plain attention over [B, Hkv, G, D] is grouped attention without the repeat.
@@ -189,9 +192,9 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens)  # [B, T, hidden]
         cos = self.rope_cos[input_pos].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
         sin = self.rope_sin[input_pos].unsqueeze(1).to(x.dtype)
-        mask = causal_mask(input_pos, kv_len)
+        masks = {w: causal_mask(input_pos, kv_len, w) for w in {b.self_attn.window for b in self.layers}}
         for block in self.layers:
-            x = block(x, cos, sin, input_pos, mask, cache, slots, kv_len)
+            x = block(x, cos, sin, input_pos, masks[block.self_attn.window], cache, slots, kv_len)
         if logits_for == "last":
             x = x[:, -1:]
         elif logits_for != "all":
@@ -206,9 +209,14 @@ class Transformer(nn.Module):
         return self.lm_head(x).float()
 
 
-def causal_mask(input_pos: torch.Tensor, kv_len: int) -> torch.Tensor | None:
-    """-> [B, 1, T, kv_len] bool (key position <= query position), or None when a single decode row sees all."""
+def causal_mask(input_pos: torch.Tensor, kv_len: int, window: int = 0) -> torch.Tensor | None:
+    """-> [B, 1, T, kv_len] bool (key position <= query position, and > query position - window if window), or
+    None for a single decode row (it sees every cached key, or under a window the last `window`: a slice)."""
     if input_pos.shape == (1, 1):
         return None
-    key_pos = torch.arange(kv_len, device=input_pos.device)  # [kv_len]
-    return (key_pos[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)
+    key_pos = torch.arange(kv_len, device=input_pos.device)[None, None, :]  # [1, 1, kv_len]
+    query_pos = input_pos[:, :, None]  # [B, T, 1]
+    mask = key_pos <= query_pos
+    if window:
+        mask &= key_pos > query_pos - window
+    return mask.unsqueeze(1)

@@ -18,8 +18,8 @@ class PrefixPins:
     def __init__(self, max_pins: int = 8, max_tokens: int = 8192) -> None:
         self.max_pins = max_pins
         self.max_tokens = max_tokens
-        # token ids -> (keys, values), each [layers, kv_heads, n, head_dim] in the cache's dtype
-        self._pins: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        # token ids -> the cache's keys and values (and an int8 cache's scales) of those positions, as stored
+        self._pins: OrderedDict[tuple[int, ...], list[torch.Tensor]] = OrderedDict()
         self.hits = 0  # requests that copied a pinned prefix
         self.tokens = 0  # tokens those copies saved computing
 
@@ -35,7 +35,7 @@ class PrefixPins:
             self._pins.move_to_end(key)
             return
         n = len(key)
-        self._pins[key] = (cache.k[:, slot, :, :n].clone(), cache.v[:, slot, :, :n].clone())
+        self._pins[key] = cache.save_prefix(slot, n)
         while len(self._pins) > self.max_pins or sum(len(k) for k in self._pins) > self.max_tokens:
             self._pins.popitem(last=False)
 
@@ -50,9 +50,7 @@ class PrefixPins:
 
     def copy_into(self, cache: StaticKVCache, pin: tuple[int, ...], dst: int, n: int) -> None:
         """The pin's first n positions into slot `dst`, every layer."""
-        k, v = self._pins[pin]
-        cache.k[:, dst, :, :n] = k[:, :, :n]
-        cache.v[:, dst, :, :n] = v[:, :, :n]
+        cache.load_prefix(self._pins[pin], dst, n)
         self._pins.move_to_end(pin)
         self.hits += 1
         self.tokens += n

@@ -17,7 +17,7 @@ from llm_engine.model import Transformer
 from llm_engine.quantize import SCHEMES, quantize_model
 from llm_engine.tokenizer import Tokenizer
 
-KV_DTYPES = ("auto", *DTYPES)
+KV_DTYPES = ("auto", *DTYPES, "int8")  # int8: codes with a float32 scale per head and position
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
@@ -28,7 +28,7 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: str | torch.de
         raise ValueError(f"kv cache dtype must be one of {KV_DTYPES}, got {name!r}")
     if name == "auto":
         return torch.float16 if torch.device(device).type == "cpu" and model_dtype == torch.float32 else model_dtype
-    return DTYPES[name]
+    return torch.int8 if name == "int8" else DTYPES[name]
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class FinishEvent:
     timings: Timings
     end_prob: float | None = None  # with probe_user_end: P(the user's message ends where it does); None if unknown
     generated: int = 0  # tokens of the reply (a stop token not counted): OpenAI's completion_tokens
+    dropped_messages: int = 0  # the oldest messages left out so the prompt fit the context (with the reply's room)
 
 
 @dataclass(frozen=True)

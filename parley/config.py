@@ -109,7 +109,7 @@ class LlmConfig(_Strict):
     self_draft: Literal["none", "int8", "int4"] = "none"  # speculative decoding from a quantized copy
     cuda_graphs: bool = False  # capture the decode step (CUDA only; ignored on CPU)
     native: Literal["auto", "on", "off"] = "auto"  # the compiled CPU decode step (llm_engine/native)
-    kv_cache: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float16 for a float32 model on CPU
+    kv_cache: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"  # auto: float16 for a float32 model on CPU
     max_seq_len: int = Field(2048, ge=128)
     max_slots: int = Field(8, ge=1)
     prefix_cache: bool = True  # a new session copies a prompt prefix (the persona) another idle slot holds

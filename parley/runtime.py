@@ -205,7 +205,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool
         llm = LlmBridge(engine)
         cache = engine.cache
         log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
-                 (cache.k.nbytes + cache.v.nbytes) // 2**20)
+                 cache.nbytes // 2**20)
     times["llm"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -89,14 +89,16 @@ class History:
         self.messages[index] = ("assistant", kept)
         return kept
 
-    def trim(self) -> int:
+    def trim(self, force: bool = False) -> int:
         """A conversation that outgrew max_chars or max_messages loses its oldest half at once, from a user turn on:
         the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping one
-        message a turn changed it every turn. -> how many messages went."""
+        message a turn changed it every turn. `force`: halve it now, however long (the engine had to leave messages
+        out to fit its context: its tokens outgrew the character budget). -> how many messages went."""
         msgs = self.messages
-        if sum(len(text) for _, text in msgs) <= self.max_chars and len(msgs) <= self.max_messages:
+        chars = sum(len(text) for _, text in msgs)
+        if not force and chars <= self.max_chars and len(msgs) <= self.max_messages:
             return 0
-        keep_chars, cut = self.max_chars // 2, len(msgs)
+        keep_chars, cut = min(self.max_chars, chars) // 2, len(msgs)
         while cut > 0 and keep_chars - len(msgs[cut - 1][1]) >= 0 and len(msgs) - cut < self.max_messages // 2:
             cut -= 1
             keep_chars -= len(msgs[cut][1])

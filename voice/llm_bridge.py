@@ -30,6 +30,7 @@ class LlmFinish:
     end_prob: float | None = None  # asked with probe_user_end: P(the user's message is complete as it stands)
     generated_tokens: int = 0  # the reply's tokens
     shared_prefix_tokens: int = 0  # prompt tokens copied from another session's cache (the engine's prefix cache)
+    dropped_messages: int = 0  # the oldest messages the engine left out so the prompt fit its context
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def _translate(ev: Any) -> LlmEvent:
         return LlmFinish(
             ev.reason, float(t.prefill_ms), int(t.prefill_tokens), int(t.reused_tokens), int(t.decode_tokens),
             float(t.queue_ms), ev.end_prob, int(ev.generated), int(t.shared_prefix_tokens),
+            int(getattr(ev, "dropped_messages", 0)),
         )  # fmt: skip
     if isinstance(ev, ErrorEvent):
         return LlmError(ev.message)

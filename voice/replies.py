@@ -197,7 +197,11 @@ class Replies:
         s.outbox.send("response.done", turn_id=reply.turn_id, text=reply.text, interrupted=interrupted, spoken_text=spoken,
                       usage=usage)  # fmt: skip
         s.reply_done(reply.turn_id)
-        dropped = s.memory.trim()  # now, so the shorter prompt is back in the cache before the next turn
+        # now, so the shorter prompt is back in the cache before the next turn; at once if the engine had to leave
+        # messages out (more tokens than the character budget foresaw: its cut moves every turn, and every turn would
+        # prefill the whole prompt again)
+        fitted = trace is not None and bool((trace.info.get("llm") or {}).get("dropped_messages"))
+        dropped = s.memory.trim(force=fitted)
         if dropped:
             if trace is not None:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
@@ -258,6 +262,7 @@ class Replies:
                         # this reply's prompt tokens that came from another session's cache (copied by the
                         # reply itself, or by the session's warm-up before it)
                         "shared_prefix_tokens": event.shared_prefix_tokens + self.warm_shared,
+                        **({"dropped_messages": event.dropped_messages} if event.dropped_messages else {}),
                     }  # fmt: skip
                     self.warm_shared = 0
                     if utt is not None:

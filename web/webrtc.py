@@ -107,6 +107,8 @@ class ChannelSocket:
 class WebRtcConnection(Connection):
     """A /ws connection whose socket is a ChannelSocket, plus the microphone track and the played-audio marks."""
 
+    transport = "webrtc"
+
     def __init__(self, socket: ChannelSocket, state: AppState) -> None:
         super().__init__(socket, state)  # type: ignore[arg-type]  # duck-typed: what Connection uses of a socket
         self._opened_at = time.monotonic() + CONNECT_GRACE_S

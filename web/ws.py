@@ -103,6 +103,8 @@ async def _safe_close(ws: WebSocket, code: int) -> None:
 
 
 class Connection:
+    transport = "ws"  # what the session's span calls it (web.otel)
+
     def __init__(self, ws: WebSocket, state: AppState) -> None:
         self.ws = ws
         self.state = state
@@ -265,7 +267,7 @@ class Connection:
         self.input_rate = msg.sample_rate
         st.sessions[self.session_id] = session
         st.pending.pop(self, None)
-        st.telemetry.session_opened(self.session_id, transport="ws", persona=session.persona_name, voice=session.voice_name)
+        st.telemetry.session_opened(self.session_id, transport=self.transport, persona=session.persona_name, voice=session.voice_name)
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
 

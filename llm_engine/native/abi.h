@@ -6,6 +6,7 @@
 extern "C" {
 
 enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_INT4 = 2 };
+enum { KV_F32 = 0, KV_HALF = 1, KV_INT8 = 2 };
 
 struct PLinear {
     int32_t kind;        // KIND_*
@@ -28,21 +29,24 @@ struct PLayer {
     PLinear down;            // inter -> hidden
     const float* q_norm;     // [head_dim] RMS norm of each query head before rope (Qwen3), or null
     const float* k_norm;     // [head_dim] the same for each key head, or null
+    int32_t window;          // sliding-window attention: the last `window` positions (the row's own included); 0 = all
 };
 
 struct PModel {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
     int32_t int4_dot;         // int4 layers take the int8-input dot product: 1 on AVX-512 VNNI where it is compiled
                               // in (else the portable loops), 2 the portable loops (int8dot_portable.h); 0: not
-    int32_t kv_half;          // 1: the KV cache holds float16 (IEEE half), 0: float32
+    int32_t kv_kind;          // KV_* : the KV cache's element
     float eps;
     const float* embed;       // [vocab, hidden]
     const float* final_norm;  // [hidden]
     PLinear head;             // hidden -> vocab
     const float* rope_cos;    // [max_seq, head_dim]
     const float* rope_sin;    // [max_seq, head_dim], sign of the rotation folded into the first half
-    void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float or half (kv_half)
+    void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float, half or int8 (kv_kind)
     void* v_cache;
+    float* k_scale;           // KV_INT8: [n_layers, n_slots, n_kv, max_seq], row = codes * scale; else null
+    float* v_scale;
     const PLayer* layers;     // [n_layers]
 };
 

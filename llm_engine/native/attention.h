@@ -8,6 +8,8 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "vec16.h"
 
@@ -16,18 +18,30 @@ namespace attention {
 // A partial state is head_dim floats of sum(exp(s - max) * v), then max, then sum(exp(s - max)).
 inline int state_size(int d) { return d + 2; }
 
+// An int8 cache's per-row scales: keys[t] = codes * k[t] for t < cached, the row's own key codes * k_own; the
+// same for values. A float cache passes none (k == nullptr) and its elements are the values.
+struct Scales {
+    const float* k = nullptr;
+    const float* v = nullptr;
+    float k_own = 1.f, v_own = 1.f;
+};
+
 // The G query heads q [G, d] of one kv head, over positions [t0, t1) of a row whose first `cached`
 // positions are in keys/values [*, d] and whose own (position `cached`) key and value are given, all
-// of the cache's element type T (float or half). Each key and value is loaded once for all G heads.
+// of the cache's element type T (float, half, or int8 codes with `sc`'s scales). Each key and value is
+// loaded once for all G heads.
 // scores: scratch of G * (t1 - t0) floats. out: G partial states.
 template <int C, int G, typename T>  // head_dim = 16 * C
-void part(const float* q, const T* keys, const T* values, int cached, const T* key, const T* value,
+void part(const float* q, const T* keys, const T* values, int cached, const T* key, const T* value, const Scales& sc,
           int t0, int t1, float scale, float* scores, float* out) {
     using namespace vec16;
     constexpr int d = 16 * C;
     const int n = t1 - t0;
     auto k_at = [&](int t) { return t < cached ? keys + (size_t)t * d : key; };
     auto v_at = [&](int t) { return t < cached ? values + (size_t)t * d : value; };
+    constexpr bool coded = std::is_same_v<T, int8_t>;
+    auto k_scale = [&](int t) { return coded ? (t < cached ? sc.k[t] : sc.k_own) : 1.f; };
+    auto v_scale = [&](int t) { return coded ? (t < cached ? sc.v[t] : sc.v_own) : 1.f; };
     V qv[G][C];
     for (int g = 0; g < G; ++g)
         for (int c = 0; c < C; ++c) qv[g][c] = load(q + g * d + 16 * c);
@@ -36,10 +50,11 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     for (int t = t0; t < t1; ++t) {
         V k[C];
         for (int c = 0; c < C; ++c) k[c] = load(k_at(t) + 16 * c);
+        const float ks = scale * k_scale(t);
         for (int g = 0; g < G; ++g) {
             V acc = mul(qv[g][0], k[0]);
             for (int c = 1; c < C; ++c) acc = fma(qv[g][c], k[c], acc);
-            const float s = sum(acc) * scale;
+            const float s = sum(acc) * ks;
             scores[(size_t)g * n + (t - t0)] = s;
             top[g] = std::max(top[g], s);
         }
@@ -58,8 +73,9 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     for (int t = t0; t < t1; ++t) {
         V v[C];
         for (int c = 0; c < C; ++c) v[c] = load(v_at(t) + 16 * c);
+        const float vs = v_scale(t);
         for (int g = 0; g < G; ++g) {
-            const V p = set1(scores[(size_t)g * n + (t - t0)]);
+            const V p = set1(scores[(size_t)g * n + (t - t0)] * vs);
             for (int c = 0; c < C; ++c) o[g][c] = fma(p, v[c], o[g][c]);
         }
     }
@@ -74,8 +90,9 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
 // The same for any even head_dim, in plain loops.
 template <typename T>
 void part_any(const float* q, int G, int d, const T* keys, const T* values, int cached, const T* key, const T* value,
-              int t0, int t1, float scale, float* scores, float* out) {
+              const Scales& sc, int t0, int t1, float scale, float* scores, float* out) {
     const int n = t1 - t0;
+    constexpr bool coded = std::is_same_v<T, int8_t>;
     for (int g = 0; g < G; ++g) {
         float* s = scores + (size_t)g * n;
         float top = -INFINITY;
@@ -83,7 +100,7 @@ void part_any(const float* q, int G, int d, const T* keys, const T* values, int 
             const T* kt = t < cached ? keys + (size_t)t * d : key;
             float dotp = 0.f;
             for (int i = 0; i < d; ++i) dotp += q[g * d + i] * (float)kt[i];
-            s[t - t0] = dotp * scale;
+            s[t - t0] = dotp * scale * (coded ? (t < cached ? sc.k[t] : sc.k_own) : 1.f);
             top = std::max(top, s[t - t0]);
         }
         float* dst = out + (size_t)g * state_size(d);
@@ -92,8 +109,9 @@ void part_any(const float* q, int G, int d, const T* keys, const T* values, int 
         for (int t = t0; t < t1; ++t) {
             const float p = std::exp(s[t - t0] - top);
             const T* vt = t < cached ? values + (size_t)t * d : value;
+            const float pv = p * (coded ? (t < cached ? sc.v[t] : sc.v_own) : 1.f);
             total += p;
-            for (int i = 0; i < d; ++i) dst[i] += p * (float)vt[i];
+            for (int i = 0; i < d; ++i) dst[i] += pv * (float)vt[i];
         }
         dst[d] = top;
         dst[d + 1] = total;
@@ -103,25 +121,25 @@ void part_any(const float* q, int G, int d, const T* keys, const T* values, int 
 // Heads per kv head with a compiled kernel (G x head_dim accumulators stay in registers).
 template <int C, typename T>
 bool part_g(int G, const float* q, const T* keys, const T* values, int cached, const T* key, const T* value,
-            int t0, int t1, float scale, float* scores, float* out) {
+            const Scales& sc, int t0, int t1, float scale, float* scores, float* out) {
     switch (G) {
-        case 1: part<C, 1>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
-        case 2: part<C, 2>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
-        case 3: part<C, 3>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
-        case 4: part<C, 4>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
-        case 8: part<C, 8>(q, keys, values, cached, key, value, t0, t1, scale, scores, out); return true;
+        case 1: part<C, 1>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
+        case 2: part<C, 2>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
+        case 3: part<C, 3>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
+        case 4: part<C, 4>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
+        case 8: part<C, 8>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
         default: return false;
     }
 }
 
 template <typename T>
 void partial(const float* q, int G, int d, const T* keys, const T* values, int cached, const T* key, const T* value,
-             int t0, int t1, float* scores, float* out) {
+             const Scales& sc, int t0, int t1, float* scores, float* out) {
     const float scale = 1.f / std::sqrt((float)d);
     bool done = false;
-    if (d == 64) done = part_g<4>(G, q, keys, values, cached, key, value, t0, t1, scale, scores, out);
-    if (d == 128) done = part_g<8>(G, q, keys, values, cached, key, value, t0, t1, scale, scores, out);
-    if (!done) part_any(q, G, d, keys, values, cached, key, value, t0, t1, scale, scores, out);
+    if (d == 64) done = part_g<4>(G, q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
+    if (d == 128) done = part_g<8>(G, q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
+    if (!done) part_any(q, G, d, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
 }
 
 // parts[i] (i < n): partial states of one head over disjoint position ranges -> out [d], the attention.

@@ -1,6 +1,6 @@
 // One decode step of a Llama-family model on CPU, compiled: one token per row, float32 activations,
 // weights as the Python layers hold them (float32, int8 per channel, int4 group-wise with minimums), a
-// KV cache of float32 or float16.
+// KV cache of float32, float16 or int8 codes with a scale per head and position.
 //
 // Why it exists: in eager PyTorch a batch-1 step on a small model is ~40 tiny ops per layer, and their
 // dispatch costs more than the arithmetic. Here the whole step is one call and one OpenMP parallel region
@@ -70,15 +70,48 @@ struct Own {
     std::vector<float> h;       // [rows, widest]: normed x, or the SwiGLU output
     std::vector<float> q, kv;   // [rows, heads, d] rotated queries; [rows, 2, kv_heads, d] rotated keys, values
     std::vector<vec16::half> kv_half;  // kv rounded to a half-precision cache's element
+    std::vector<int8_t> kv_i8;         // kv as an int8 cache's codes, with a scale per head (kv_scale)
+    std::vector<float> kv_scale;       // [rows, 2, kv_heads]
     std::vector<float> att;     // [rows, heads, d]: the attention, merged from every thread's part
     std::vector<float> scores;  // [heads per kv head, max_seq]
     matvec::Input in;
 
     Own(const PModel& m, int rows, int widest, int dot)
         : h((size_t)rows * widest), q((size_t)rows * m.n_heads * m.head_dim), kv((size_t)rows * 2 * m.n_kv * m.head_dim),
-          kv_half(m.kv_half ? kv.size() : 0), att((size_t)rows * m.n_heads * m.head_dim),
+          kv_half(m.kv_kind == KV_HALF ? kv.size() : 0), kv_i8(m.kv_kind == KV_INT8 ? kv.size() : 0),
+          kv_scale(m.kv_kind == KV_INT8 ? (size_t)rows * 2 * m.n_kv : 0), att((size_t)rows * m.n_heads * m.head_dim),
           scores((size_t)(m.n_heads / m.n_kv) * m.max_seq), in(rows, widest, dot) {}
 };
+
+// x [d] (rotated) -> int8 codes and their scale, as kv_cache.quantize_rows does it (max |x| / 127, x / scale rounded
+// half to even), so a key computed here is stored exactly as the torch path would store it.
+float quantize_row(const float* x, int d, int8_t* codes) {
+    float top = 0.f;
+    for (int i = 0; i < d; ++i) top = std::max(top, std::fabs(x[i]));
+    const float scale = top / 127.f;
+    for (int i = 0; i < d; ++i)
+        codes[i] = scale > 0.f ? (int8_t)std::max(-127.f, std::min(127.f, std::nearbyint(x[i] / scale))) : 0;
+    return scale;
+}
+
+// x [d] <- x times kv_cache.hadamard(d): a Walsh-Hadamard butterfly over each block of the largest power of
+// two dividing d, scaled to be orthogonal. Its own inverse: queries enter an int8 cache's rotated space by
+// it, and the attention leaves it by it.
+void rotate(float* x, int d) {
+    const int block = d & -d;
+    const float norm = 1.f / std::sqrt((float)block);
+    for (int b0 = 0; b0 < d; b0 += block) {
+        float* y = x + b0;
+        for (int h = 1; h < block; h *= 2)
+            for (int i = 0; i < block; i += 2 * h)
+                for (int j = i; j < i + h; ++j) {
+                    const float a = y[j], c = y[j + h];
+                    y[j] = a + c;
+                    y[j + h] = a - c;
+                }
+        for (int i = 0; i < block; ++i) y[i] *= norm;
+    }
+}
 
 // Layer l's attention with a cache of element type T: one thread stores this step's keys and values;
 // then each thread takes its share of every row's positions for every head. The positions before a
@@ -90,27 +123,50 @@ void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t*
     const int d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, state = attention::state_size(d);
     const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
     const T* mine;
+    constexpr bool coded = std::is_same_v<T, int8_t>;
     if constexpr (std::is_same_v<T, float>) {
         mine = own.kv.data();
+    } else if constexpr (coded) {
+        for (size_t r = 0; r < own.kv_scale.size(); ++r) {
+            rotate(&own.kv[r * d], d);
+            own.kv_scale[r] = quantize_row(&own.kv[r * d], d, &own.kv_i8[r * d]);
+        }
+        for (int r = 0; r < rows * hq; ++r) rotate(&own.q[(size_t)r * d], d);
+        mine = own.kv_i8.data();
     } else {
         for (size_t i = 0; i < own.kv.size(); ++i) own.kv_half[i] = (T)own.kv[i];
         mine = own.kv_half.data();
     }
     T *k_cache = static_cast<T*>(m.k_cache), *v_cache = static_cast<T*>(m.v_cache);
+    // Scales [n_layers, n_slots, n_kv, max_seq]: the same index as the rows, without head_dim.
+    const size_t s_slot = (size_t)hkv * m.max_seq, s_layer = (size_t)m.n_slots * s_slot;
 #pragma omp master
     for (int b = 0; b < rows; ++b)
         for (int head = 0; head < hkv; ++head) {
-            const size_t at = l * layer_stride + slots[b] * slot_stride + ((size_t)head * m.max_seq + pos[b]) * d;
-            std::memcpy(k_cache + at, mine + ((size_t)b * 2 * hkv + head) * d, sizeof(T) * d);
-            std::memcpy(v_cache + at, mine + ((size_t)b * 2 * hkv + hkv + head) * d, sizeof(T) * d);
+            const size_t row = l * s_layer + slots[b] * s_slot + (size_t)head * m.max_seq + pos[b];
+            std::memcpy(k_cache + row * d, mine + ((size_t)b * 2 * hkv + head) * d, sizeof(T) * d);
+            std::memcpy(v_cache + row * d, mine + ((size_t)b * 2 * hkv + hkv + head) * d, sizeof(T) * d);
+            if constexpr (coded) {
+                m.k_scale[row] = own.kv_scale[(size_t)b * 2 * hkv + head];
+                m.v_scale[row] = own.kv_scale[(size_t)b * 2 * hkv + hkv + head];
+            }
         }
+    const int window = m.layers[l].window;
     for (int b = 0; b < rows; ++b) {
-        const int len = (int)pos[b] + 1, t0 = (int)((int64_t)len * me / nt), t1 = (int)((int64_t)len * (me + 1) / nt);
+        // This row's positions [first, len): all of them, or under a sliding window the last `window`.
+        const int len = (int)pos[b] + 1, first = window > 0 ? std::max(0, len - window) : 0, n = len - first;
+        const int t0 = first + (int)((int64_t)n * me / nt), t1 = first + (int)((int64_t)n * (me + 1) / nt);
         const T* kv = mine + (size_t)b * 2 * hkv * d;
         for (int kvh = 0; kvh < hkv; ++kvh) {
             const size_t base = l * layer_stride + slots[b] * slot_stride + (size_t)kvh * m.max_seq * d;
+            attention::Scales sc;
+            if constexpr (coded) {
+                const size_t row0 = l * s_layer + slots[b] * s_slot + (size_t)kvh * m.max_seq;
+                const float* mine_scale = &own.kv_scale[(size_t)b * 2 * hkv];
+                sc = {m.k_scale + row0, m.v_scale + row0, mine_scale[kvh], mine_scale[hkv + kvh]};
+            }
             attention::partial(&own.q[((size_t)b * hq + kvh * per_kv) * d], per_kv, d, k_cache + base, v_cache + base,
-                               (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d, t0, t1, own.scores.data(),
+                               (int)pos[b], kv + kvh * d, kv + (hkv + kvh) * d, sc, t0, t1, own.scores.data(),
                                &parts[(((size_t)me * rows + b) * hq + kvh * per_kv) * state]);
         }
     }
@@ -170,8 +226,10 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 }
                 std::memcpy(kv + hkv * d, src + (hq + hkv) * d, sizeof(float) * hkv * d);
             }
-            if (m.kv_half)
+            if (m.kv_kind == KV_HALF)
                 attend<vec16::half>(m, l, rows, pos, slots, own, parts.data(), me, nt);
+            else if (m.kv_kind == KV_INT8)
+                attend<int8_t>(m, l, rows, pos, slots, own, parts.data(), me, nt);
             else
                 attend<float>(m, l, rows, pos, slots, own, parts.data(), me, nt);
 #pragma omp barrier
@@ -179,6 +237,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 const float* mine[64];
                 for (int t = 0; t < nt; ++t) mine[t] = &parts[((size_t)t * rows * hq + i) * state];
                 attention::merge(mine, nt, d, &own.att[(size_t)i * d]);
+                if (m.kv_kind == KV_INT8) rotate(&own.att[(size_t)i * d], d);  // back from the cache's rotated space
             }
             matvec::prepare(L.o, rows, own.att.data(), own.in);
             matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)

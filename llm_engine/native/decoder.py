@@ -34,7 +34,7 @@ class PLayer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
         ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
-        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("window", ctypes.c_int32),
     ]
 
 
@@ -42,13 +42,15 @@ class PModel(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_int32) for name in (
             "n_layers", "hidden", "n_heads", "n_kv", "head_dim", "inter", "vocab", "max_seq", "n_slots", "max_rows",
-            "int4_dot", "kv_half")),
+            "int4_dot", "kv_kind")),
         ("eps", ctypes.c_float), ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", PLinear),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p),
-        ("v_cache", ctypes.c_void_p), ("layers", ctypes.POINTER(PLayer)),
+        ("v_cache", ctypes.c_void_p), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
+        ("layers", ctypes.POINTER(PLayer)),
     ]
 
 
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # KV_* in abi.h
 _ERRORS = {1: "row count", 2: "token id", 3: "position", 4: "slot"}
 
 
@@ -58,8 +60,8 @@ def unsupported(model: Transformer, cache: StaticKVCache) -> str | None:
         return "the model is not on the CPU"
     if next(model.parameters()).dtype != torch.float32:
         return "it computes in float32 only"
-    if cache.k.dtype not in (torch.float32, torch.float16):
-        return f"it keeps keys and values in float32 or float16, not {cache.k.dtype}"
+    if cache.k.dtype not in KV_KINDS:
+        return f"it keeps keys and values in float32, float16 or int8, not {cache.k.dtype}"
     if any(b.self_attn.qkv_proj is None or b.mlp.gate_up_proj is None for b in model.layers):
         return "projections are not fused (llm_engine.fuse.fuse_projections)"
     if model.cfg.head_dim % 2 or model.cfg.head_dim > MAX_HEAD_DIM:
@@ -196,17 +198,18 @@ class NativeDecoder:
                 describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
                 describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
                 _ptr(b.self_attn.q_norm.weight if b.self_attn.q_norm is not None else None, keep),
-                _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep),
+                _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep), b.self_attn.window,
             )
         head = (describe_linear(model.lm_head, keep) if model.lm_head is not None
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, {None: 0, "vnni": 1, "portable": 2}[self.int8_kernel],
-            int(cache.k.dtype == torch.float16), cfg.rms_norm_eps,
+            KV_KINDS[cache.k.dtype], cfg.rms_norm_eps,
             _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
             _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
-            cache.k.data_ptr(), cache.v.data_ptr(), layers,
+            cache.k.data_ptr(), cache.v.data_ptr(), *(None if t is None else t.data_ptr() for t in (cache.k_scale, cache.v_scale)),
+            layers,
         )
         self._layers, self._keep = layers, keep  # the structs point into these: they live as long as we do
 

@@ -170,6 +170,9 @@ inline void nibbles(const uint8_t* p, V& low, V& high) {
 }
 #endif
 
+// The int8 KV cache's codes, read like the other element types.
+inline V load(const int8_t* p) { return from_i8(p); }
+
 // v[i] = e^v[i], sixteen at a time.
 inline void exp_inplace(float* v, int n) {
     int i = 0;

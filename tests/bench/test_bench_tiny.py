@@ -104,6 +104,7 @@ def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative), the batching rows and the persona table (cold vs prefix hit)."""
     proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--context-steps", "4",
+                      "--kv-contexts", "20,60",
                       "--skip-transformers", "--skip-llama-cpp", "--persona-sessions", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -122,6 +123,9 @@ def test_llm_table_tiny() -> None:
     assert lines[at + 1].split() == ["20", "60"]
     for row, cache in ((lines[at + 2], "float32 KV cache"), (lines[at + 3], "float16 KV cache")):
         assert cache in row and all(float(r) > 0 for r in row.split()[-2:]), row
+    kv = {name: next(line for line in lines if line.startswith(f"ours, {name} KV cache ")).split()[-4:] for name in ("float16", "int8")}
+    assert all(float(v) > 0 for v in kv["float16"] + kv["int8"]), kv  # tok/s and MB per slot at 20 and 60 positions
+    assert 0.5 < float(kv["int8"][1]) / float(kv["float16"][1]) < 0.6  # int8 codes + a float32 scale per 64 values
     cold = next(line for line in lines if line.startswith("off (cold prefill)")).split()
     hit = next(line for line in lines if line.startswith("on (copied from an idle slot)")).split()
     assert int(cold[-1]) == 0 and int(hit[-1]) > 150  # the persona prompt copied, not computed
@@ -237,3 +241,15 @@ def test_load_churn_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     assert r["greetings_synthesised"] + r["greetings_reused"] >= 2  # each user heard the greeting (concise has one)
     assert r["busy_s"]["llm"] > 0 and r["busy_s"]["asr"] > 0 and r["busy_s"]["tts"] > 0  # /metrics: where time went
     assert all(column in proc.stdout for column in ("Churn", "greetings synth/replayed", "open mean/max"))
+
+
+def test_tools_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "tools.json"
+    proc = run_script("tools", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["requests"] == 4 and result["auto"]["requests"] == 4 and result["required"]["requests"] == 3
+    forced = result["required"]
+    assert forced["valid"] == forced["calls"] and forced["calls"] + forced["cut"] >= 3  # valid by construction
+    assert result["mask"]["free_tok_s"] > 0 and result["mask"]["grammar_tok_s"] > 0 and result["mask"]["mask_ms"] > 0
+    assert "tool_choice" in proc.stdout and "of a decode step" in proc.stdout

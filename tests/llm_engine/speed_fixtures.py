@@ -4,12 +4,15 @@ Imported by test_quantize / test_speculative / test_cuda_graphs (this folder is 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from llm_engine.kv_cache import StaticKVCache
 from llm_engine.model import Transformer
+from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
 PROMPTS = (
     "What is the capital of France?",
@@ -18,11 +21,12 @@ PROMPTS = (
 )
 
 
-def make_cache(model: Transformer, *, slots: int = 1, max_seq_len: int | None = None) -> StaticKVCache:
+def make_cache(model: Transformer, *, slots: int = 1, max_seq_len: int | None = None, int8: bool = False) -> StaticKVCache:
+    """A cache of the model's dtype on its device; int8: codes with scales (llm.kv_cache: int8)."""
     c = model.cfg
     return StaticKVCache(
         c.num_layers, slots, c.num_kv_heads, max_seq_len or model.max_seq_len, c.head_dim,
-        dtype=model.embed_tokens.weight.dtype, device=model.embed_tokens.weight.device,
+        dtype=torch.int8 if int8 else model.embed_tokens.weight.dtype, device=model.embed_tokens.weight.device,
     )  # fmt: skip
 
 
@@ -72,3 +76,20 @@ def tiny_model(
             if p.dim() > 1:
                 p.normal_(0.0, spread)
     return model.eval().requires_grad_(False)
+
+
+@contextmanager
+def exact_float(model: Transformer) -> Iterator[None]:
+    """The model's quantized layers dequantize and multiply in float32 (no bfloat16 kernels) inside. Each layer's
+    float32 weight is dequantized once here, not again at every call (0.6 s a SmolLM2 step otherwise)."""
+    layers = [m for m in model.modules() if isinstance(m, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))]
+    for m in layers:
+        m.use_kernel = False
+        weight = m.dequantize(torch.float32)
+        m.dequantize = lambda dtype=torch.float32, w=weight: w.to(dtype)  # shadows the method on this instance
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.use_kernel = True
+            del m.dequantize

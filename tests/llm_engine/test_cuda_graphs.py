@@ -86,10 +86,11 @@ def test_bucket_choice() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
-def test_cuda_graph_replay_equals_eager(quant: str) -> None:
+@pytest.mark.parametrize("quant,kv_int8", [("none", False), ("int8", False), ("int4", False), ("int4", True)])
+def test_cuda_graph_replay_equals_eager(quant: str, kv_int8: bool) -> None:
+    """kv_int8: keys and values as int8 codes with scales (llm.kv_cache: int8), written and read inside the graph."""
     model = quantize_model(tiny_model(1, layers=2, max_seq_len=32), quant).to("cuda", torch.bfloat16)  # type: ignore[arg-type]
-    cache_g, cache_e = make_cache(model, slots=3), make_cache(model, slots=3)
+    cache_g, cache_e = make_cache(model, slots=3, int8=kv_int8), make_cache(model, slots=3, int8=kv_int8)
     for cache in (cache_g, cache_e):
         with torch.inference_mode():
             for slot, ids in PROMPTS.items():

@@ -294,7 +294,7 @@ def test_from_path_with_int4_takes_the_gguf_q4_1_blocks_and_keeps_the_greedy_rep
     with pytest.raises(ValueError, match="quant"):
         Engine.from_path(smol_path, quant="int3")
     with pytest.raises(ValueError, match="kv cache dtype"):
-        Engine.from_path(smol_path, kv_cache="int8")
+        Engine.from_path(smol_path, kv_cache="int4")
     assert smol_engine.cache.k.dtype == torch.float16  # the CPU default for a float32 model
     quantized = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4", kv_cache="float32")
     full = Engine(smol_engine.model, smol_engine.tokenizer, max_seq_len=256, max_slots=1, kv_dtype=torch.float32)

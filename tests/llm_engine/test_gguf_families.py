@@ -26,7 +26,7 @@ from llm_engine.tokenizer import Tokenizer
 pytestmark = pytest.mark.slow
 STEPS = 32
 TOL = 1e-4
-TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q6_K")
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,23 @@ def test_each_tensor_type_matches_transformers(models, qtype: str) -> None:
     assert_matches(gguf, reference(gguf, hf, from_gguf=True))
 
 
+def test_q5_0_loads_under_int4_requantized_from_its_floats(models) -> None:
+    """Q5_0 (llama.cpp's Q4_K_M fallback where a row is not a multiple of 256) has no int4 form: under
+    llm.quant int4 its dequantized floats are quantized again, group 32, like Q5_K and Q6_K."""
+    from llm_engine.prepare import prepare
+    from llm_engine.quantize import Int4WeightOnlyLinear
+
+    gguf, _ = models("qwen2", "Q5_0")
+    floats, _ = load_model(gguf, max_seq_len=64)
+    model = prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,
+                    self_draft="none", kv_cache="float32").model  # fmt: skip
+    down = model.layers[0].mlp.down_proj
+    assert isinstance(down, Int4WeightOnlyLinear)
+    want = floats.layers[0].mlp.down_proj.weight
+    err = (down.dequantize(torch.float32) - want).abs().max() / want.abs().max()
+    assert 0 < err < 0.1  # 4 bits from 5: lossy, and close
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K"])
 def test_4bit_blocks_load_into_int4_layers_exactly(models, qtype: str) -> None:
     """No float round trip: our int4 layers hold exactly the weights the file's blocks decode to (Llama's
@@ -140,8 +157,8 @@ def test_q4_k_unpacks_to_what_gguf_dequantizes() -> None:
 
 def test_an_unsupported_tensor_type_or_architecture_is_one_line(models, tmp_path: Path) -> None:
     gguf, hf = models("qwen2", "F32")
-    q5 = tg.write_gguf(hf, tmp_path / "q5_0.gguf", "qwen2", "Q5_0")
-    with pytest.raises(ValueError, match=r"q5_0.gguf: tensor .* is Q5_0; Parley reads F32, .*Q6_K"):
+    q5 = tg.write_gguf(hf, tmp_path / "q5_1.gguf", "qwen2", "Q5_1")
+    with pytest.raises(ValueError, match=r"q5_1.gguf: tensor .* is Q5_1; Parley reads F32, .*Q5_0, .*Q6_K"):
         prepare_gguf(q5)
     import gguf as gg
 

@@ -7,11 +7,9 @@ keys and values into the cache.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
 import pytest
 import torch
+from speed_fixtures import exact_float
 
 from llm_engine.config import ModelConfig
 from llm_engine.fuse import fuse_projections
@@ -255,23 +253,6 @@ def smol_int4(smol_path):
 
     engine = Engine.from_path(smol_path, max_seq_len=256, max_slots=2, quant="int4", native="off")
     return engine.model, engine.tokenizer
-
-
-@contextmanager
-def exact_float(model: Transformer) -> Iterator[None]:
-    """The model's quantized layers dequantize and multiply in float32 (no bfloat16 kernels) inside. Each layer's
-    float32 weight is dequantized once here, not again at every call (0.6 s a SmolLM2 step otherwise)."""
-    layers = [m for m in model.modules() if isinstance(m, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))]
-    for m in layers:
-        m.use_kernel = False
-        weight = m.dequantize(torch.float32)
-        m.dequantize = lambda dtype=torch.float32, w=weight: w.to(dtype)  # shadows the method on this instance
-    try:
-        yield
-    finally:
-        for m in layers:
-            m.use_kernel = True
-            del m.dequantize
 
 
 @pytest.mark.parametrize("int8_dot", [False, True])  # True: VNNI, or the portable loops on a CPU without it

@@ -113,8 +113,9 @@ def test_kv_dtype_auto_halves_only_a_float32_model_on_cpu():
     assert resolve_kv_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
     assert resolve_kv_dtype("float32", torch.float32, "cpu") == torch.float32
     assert resolve_kv_dtype("bfloat16", torch.float32, "cuda") == torch.bfloat16
+    assert resolve_kv_dtype("int8", torch.float32, "cpu") == torch.int8
     with pytest.raises(ValueError, match="kv cache dtype"):
-        resolve_kv_dtype("int8", torch.float32, "cpu")
+        resolve_kv_dtype("int4", torch.float32, "cpu")
 
 
 def test_a_held_job_sits_steps_out_and_keeps_its_place():

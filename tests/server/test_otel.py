@@ -3,6 +3,8 @@ stage tree, with the turn trace's stage times, the GenAI attributes and no text;
 leaves the turns as they were and costs counted drops in a bounded queue."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -140,3 +142,41 @@ def test_the_config_turns_export_on(live_server) -> None:
         assert not create_app(live_server.cfg, runtime=live_server.runtime).state.parley.telemetry.enabled
     finally:
         receiver.close()
+
+
+async def test_a_realtime_session_is_a_session_span(live_server, exporting) -> None:
+    from websockets.asyncio.client import connect
+
+    receiver = OtlpReceiver()
+    try:
+        exporting(receiver)
+        url = f"ws://127.0.0.1:{live_server.port}/v1/realtime?model=parley"
+        async with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{TOKEN}"]) as ws:  # type: ignore[list-item]
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created"
+        receiver.wait(lambda r: any(s.attributes.get("parley.session.transport") == "realtime" for s in r.named("parley.session")))
+    finally:
+        receiver.close()
+    (span,) = [s for s in receiver.named("parley.session") if s.attributes.get("parley.session.transport") == "realtime"]
+    assert span.attributes["parley.session.model"] == "parley" and span.parent_id == ""
+
+
+async def test_text_only_when_allowed(live_server, exporting) -> None:
+    receiver = OtlpReceiver()
+    try:
+        exporting(receiver, include_text=True)
+        async with Client(live_server.ws_url()) as c:
+            await c.start()
+            await c.wait_for("response.done")  # the greeting
+            await c.send(type="input.text", text="Say hello to the tracing backend.")
+            done = await c.wait_for("response.done", n=2, timeout_s=120)
+            await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60)
+        receiver.wait(lambda r: r.named("parley.session"))
+    finally:
+        receiver.close()
+    turn = next(s for s in receiver.named("parley.turn") if s.attributes["parley.turn.id"] == done["turn_id"])
+    assert turn.attributes["parley.text.user"] == "Say hello to the tracing backend."
+    assert turn.attributes["parley.text.reply"] == done["text"]
+    llm = next(s for s in receiver.spans if s.parent_id == turn.span_id and s.name.startswith("chat "))
+    assert json.loads(llm.attributes["gen_ai.input.messages"])[0]["parts"][0]["content"] == "Say hello to the tracing backend."
+    assert json.loads(llm.attributes["gen_ai.output.messages"])[0]["parts"][0]["content"] == done["text"]

@@ -118,3 +118,19 @@ def test_the_twilio_config_keys(tmp_path) -> None:
     assert data["twilio"]["persona"] == "nobody"
     with pytest.raises(Exception, match="twilio.persona"):
         load_config(tmp_path / "b" / "configs" / "default.yaml")
+
+
+def test_a_stream_twilio_did_not_sign_is_refused(tmp_path, monkeypatch) -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    cfg = load_config(write_test_config(tmp_path, more={"twilio": {"auth_token_env": "PARLEY_TEST_TWILIO_TOKEN"}}))
+    monkeypatch.setenv("PARLEY_TEST_TWILIO_TOKEN", "twilio-secret")
+    client = TestClient(create_app(cfg, load=lambda c: None), base_url="http://127.0.0.1")
+    signed = RequestValidator("twilio-secret").compute_signature("wss://127.0.0.1/twilio/stream", {})
+    with client.websocket_connect("ws://127.0.0.1/twilio/stream", headers={"X-Twilio-Signature": signed}) as ws:
+        ws.send_json({"event": "connected", "protocol": "Call", "version": "1.0.0"})  # accepted: the call may start
+    wrong = RequestValidator("another-secret").compute_signature("wss://127.0.0.1/twilio/stream", {})
+    with pytest.raises(WebSocketDisconnect) as refused:
+        with client.websocket_connect("ws://127.0.0.1/twilio/stream", headers={"X-Twilio-Signature": wrong}) as ws:
+            ws.receive_text()
+    assert refused.value.code == 1008

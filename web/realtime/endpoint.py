@@ -78,6 +78,7 @@ class RealtimeConnection:
         from web.openai_api.app import voice_aliases
 
         self.ws, self.state, self.model = ws, state, P.clip(model, 100)
+        self.model_name = P.shorten(model, 100)  # as asked, unquoted (the session's span)
         self.limits = state.cfg.server
         self.session_id = uuid.uuid4().hex[:12]
         self.outbox = Outbox()
@@ -101,7 +102,7 @@ class RealtimeConnection:
         st = self.state
         st.sessions[self.session_id] = self.session
         st.metrics.session_opened()
-        st.telemetry.session_opened(self.session_id, transport="realtime", model=self.model)
+        st.telemetry.session_opened(self.session_id, transport="realtime", model=self.model_name)
         self._native({"type": "session.created", "session": self._wire()})
         try:
             async with asyncio.TaskGroup() as tg:
