@@ -357,9 +357,9 @@ def test_fitting_a_long_history_renders_it_a_logarithmic_number_of_times(small_e
     class Counting:
         stop_ids = tok.stop_ids
 
-        def apply_chat_template(self, msgs):
+        def apply_chat_template(self, msgs, **kwargs):  # (tools=..., as the engine passes them)
             renders.append(len(msgs))
-            return tok.apply_chat_template(msgs)
+            return tok.apply_chat_template(msgs, **kwargs)
 
     ids, kept = fit_messages(Counting(), history, 300)
     assert len(renders) <= 2 + math.ceil(math.log2(len(history)))
