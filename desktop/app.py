@@ -65,7 +65,7 @@ class DesktopClient:
         self.sent_ms = 0.0  # microphone audio sent in this session: the server's audio clock (its events' t_ms)
         self.events: list[dict[str, Any]] = []  # every server text message, for tests and debugging
         self.ready = asyncio.Event()
-        self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE)
+        self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE, echo_cancelled=self.echo.mode != "off")
         self._mic = _Mic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()

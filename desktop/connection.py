@@ -74,7 +74,8 @@ class Connection:
     """Open with `open()`; then `send_*` and `recv()` until ConnectionLost; `close()` any time."""
 
     def __init__(self, url: str, token: str | None, *, sample_rate: int = 16000,
-                 open_timeout_s: float = 10.0) -> None:
+                 open_timeout_s: float = 10.0, echo_cancelled: bool = False) -> None:
+        self.echo_cancelled = echo_cancelled  # told the server: it then runs no echo canceller of its own
         self.url = url
         self.token = token
         self.sample_rate = sample_rate
@@ -101,11 +102,11 @@ class Connection:
                                "is `parley serve` running? Use --server HOST:PORT", retry=True) from None
         self._ws = ws
         start = SessionStart(type="session.start", protocol=PROTOCOL_VERSION, sample_rate=self.sample_rate,
-                             persona=persona, voice=voice)
+                             persona=persona, voice=voice, echo_cancelled=self.echo_cancelled)
         try:
             # A refused session (wrong token) may already be closing; its reason is still readable.
             with contextlib.suppress(ConnectionClosed):
-                await ws.send(start.model_dump_json(exclude_none=True))
+                await ws.send(start.model_dump_json(exclude_none=True, exclude=None if self.echo_cancelled else {"echo_cancelled"}))
             while True:
                 raw = await asyncio.wait_for(ws.recv(), self.open_timeout_s)
                 if isinstance(raw, bytes):

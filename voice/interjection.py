@@ -45,6 +45,14 @@ NON_WORDS: frozenset[str] = frozenset({"you", "bye", "bye bye", "so", "the", "a"
                                         "coughing", "sigh", "noise", "beep", "inaudible", "blank audio"})  # fmt: skip
 
 
+# Words too common to say anything on their own about what was meant.
+FUNCTION_WORDS: frozenset[str] = frozenset({
+    "the", "a", "an", "and", "or", "of", "to", "in", "on", "at", "for", "with", "from", "by", "is", "are", "was", "be",
+    "it", "its", "it's", "this", "that", "these", "those", "i", "i'm", "you", "me", "we", "he", "she", "they", "my",
+    "your", "our", "do", "can", "so", "as", "if", "then", "there", "here", "up", "out", "just", "not",
+})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Lexicon:
     """The words that decide, per language or persona (config `interruptions`)."""
@@ -86,6 +94,7 @@ class Verdict:
 _BRACKETED = re.compile(r"[\[(*♪][^\])*♪]*[\])*♪]?")  # "[MUSIC]", "(coughs)", "*sigh*", "♪ la la ♪"
 _WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 
+LAST_WORDS = 8  # about the last two seconds of a reply: what may be playing (and echoing) now
 ECHO_MIN_SHARE = 0.6  # this share of an interjection's words among the reply's recent words: the reply's own voice
 MIN_LOGPROB = -1.0  # below this the recogniser is guessing: such words neither interrupt nor count as content
 # Words that are neither stop words nor backchannels interrupt only when the recogniser is fairly sure of them: on a
@@ -152,16 +161,19 @@ def classify(heard: Heard, recent_reply_words: Sequence[str], lexicon: Lexicon, 
         return Verdict(Kind.NONE, said, "no words")
     stops = _spans(ws, lexicon.stop_words)
     echo = echo_share(ws, recent_reply_words)
-    # The reply's own words win over a stop word only with two words or more in the reply's order: a lone "no"
-    # that the reply also said is more likely the user's than the echo's.
-    if echo >= ECHO_MIN_SHARE and (len(ws) >= 2 or not stops):
+    # The reply's own words win over a stop word with two words or more in the reply's order, or as a lone word among
+    # the last few the reply said ("what?" of "... what shall we talk about?"): a lone "no" it said a while ago is
+    # more likely the user's than the echo's.
+    if echo >= ECHO_MIN_SHARE and (len(ws) >= 2 or not stops or ws[0] in recent_reply_words[-LAST_WORDS:]):
         return Verdict(Kind.ECHO, said, f"{echo:.0%} of the words are the reply's")
     if stops:
         a, b = stops[0]
         return Verdict(Kind.STOP, said, " ".join(ws[a:b]))
     if _covered(ws, lexicon.backchannels):
         return Verdict(Kind.BACKCHANNEL if final else Kind.UNSURE, said, "backchannel")
-    content = [w for w in ws if w not in lexicon.backchannels and (len(w) > 1 or w in ("i", "a"))]  # not "N f"
+    # content: not backchannels, not function words, not single letters ("N f"): what a garbled echo ("the last."
+    # for "... talk about?") or a murmur is made of does not count
+    content = [w for w in ws if w not in lexicon.backchannels and w not in FUNCTION_WORDS and len(w) > 1]
     if heard.avg_logprob < CONTENT_MIN_LOGPROB:
         content = []
     if len(content) >= EARLY_CONTENT_WORDS or (final and content and heard.avg_logprob >= ONE_WORD_MIN_LOGPROB):

@@ -65,6 +65,7 @@ class SessionStart(_Msg):
     sample_rate: int = 16000
     persona: Name | None = None
     voice: Name | None = None
+    echo_cancelled: bool = False  # the client takes its own echo out (a browser's AEC): the server's canceller is not run
 
 
 class InputText(_Msg):
@@ -87,6 +88,7 @@ class SessionUpdate(_Msg):
     type: Literal["session.update"]
     persona: Name | None = None
     voice: Name | None = None
+    echo_cancelled: bool = False  # the client takes its own echo out (a browser's AEC): the server's canceller is not run
 
 
 ClientMessage = Annotated[

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -259,8 +260,9 @@ class Connection:
         if (full := st.refusal_detail()) is not None:
             raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
                                   extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
+        settings = replace(st.settings, server_aec=False) if msg.echo_cancelled else st.settings
         session = Session(
-            self.session_id, st.stages, st.settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
+            self.session_id, st.stages, settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
             outbox=self.outbox, on_trace=self._on_trace,
         )  # fmt: skip  (raises InputError for an unknown persona or voice: the client may try again)
         self.session = session

@@ -46,6 +46,7 @@ def test_other_words_interrupt_once_there_are_two_or_at_the_pause() -> None:
     assert kind("went", logprob=-0.8) == Kind.NONE  # one unsure word at the pause: Whisper on Piper's "uh-huh"
     assert kind("We have them.", logprob=-0.97) == Kind.NONE  # ... and on espeak-ng's "mm-hmm"
     assert kind("N f", logprob=-0.6, final=False) == Kind.UNSURE  # ... and on flite's, mid-way: letters are no words
+    assert kind("the last.", logprob=-0.89) == Kind.NONE  # a garbled echo of "... talk about?": no content words
     assert kind("What did you just say?", final=False) == Kind.STOP  # "what" asks at once
     assert kind("Tell me about Mars", logprob=-1.6) == Kind.NONE  # the recogniser is guessing: no evidence of words
 
@@ -55,7 +56,8 @@ def test_the_replies_own_words_are_echo_and_the_users_words_over_them_are_not() 
     assert kind("it is a good day for a wall") == Kind.ECHO  # misheard here and there, still in the reply's order
     assert echo_share(words("a good day"), REPLY) == 1.0 and echo_share(words("park walk day"), REPLY) == pytest.approx(1 / 3)
     assert kind("Tell me the capital of Peru.") == Kind.INTERRUPT
-    assert kind("no", recent=words("no, it will not rain")) == Kind.STOP  # one stop word: the user's, not the echo
+    assert kind("no", recent=words("no, it will not rain in the park or in the town today")) == Kind.STOP  # said a while ago
+    assert kind("What?", recent=words("Pull up a chair. What shall we talk about?")) == Kind.ECHO  # its last words
 
 
 def test_the_lexicon_is_configurable() -> None:

@@ -11,7 +11,8 @@ export const AUDIO_HEADER_BYTES = 8;
 export const STAGES = ["endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"];
 
 export function sessionStart({ persona = null, voice = null } = {}) {
-  const msg = { type: "session.start", protocol: PROTOCOL_VERSION, sample_rate: MIC_SAMPLE_RATE };
+  // echo_cancelled: the microphone is opened with the browser's own echo canceller (mic.js)
+  const msg = { type: "session.start", protocol: PROTOCOL_VERSION, sample_rate: MIC_SAMPLE_RATE, echo_cancelled: true };
   if (persona) msg.persona = persona;
   if (voice) msg.voice = voice;
   return msg;
