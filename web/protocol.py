@@ -88,7 +88,6 @@ class SessionUpdate(_Msg):
     type: Literal["session.update"]
     persona: Name | None = None
     voice: Name | None = None
-    echo_cancelled: bool = False  # the client takes its own echo out (a browser's AEC): the server's canceller is not run
 
 
 ClientMessage = Annotated[
