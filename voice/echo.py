@@ -49,9 +49,11 @@ def aec_available() -> bool:
 class ServerEcho:
     """What was sent -> what plays when (in microphone audio time) -> AEC3's far end, block by block."""
 
-    def __init__(self, make_aec: Callable[[], Aec] = webrtc_aec, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, make_aec: Callable[[], Aec] = webrtc_aec) -> None:
+        # Only a client's playback marks place the far end: a guess from when audio was sent is wrong for a client that
+        # buffers or does not play at all, and AEC3 then suppresses the user's first second against an echo that
+        # never comes.
         self._make_aec = make_aec
-        self._clock = clock  # the microphone's audio time now: a reply's first audio is taken to play from then
         self._aec: Aec | None = None  # built at the first reply audio
         self._audio: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # turn -> float32 pieces at 16 kHz
         self._joined: dict[int, np.ndarray] = {}
@@ -66,9 +68,6 @@ class ServerEcho:
     def sent(self, turn_id: int, audio_16k: np.ndarray) -> None:
         """Reply audio as it is queued for the client, in order (float32 at 16 kHz)."""
         pieces = self._audio.setdefault(turn_id, [])
-        if not pieces and self._clock is not None and (self._anchor is None or self._anchor[0] != turn_id):
-            # until the client's first mark says when it plays: from now (a client plays as audio arrives)
-            self._anchor, self._offsets = (turn_id, self._clock()), deque(maxlen=MARKS_KEPT)
         if sum(len(p) for p in pieces) < MAX_TURN_S * SAMPLE_RATE:
             pieces.append(np.asarray(audio_16k, np.float32))
             self._joined.pop(turn_id, None)
@@ -79,8 +78,7 @@ class ServerEcho:
     def played(self, turn_id: int, played_ms: float, mic_ms: float) -> None:
         """A playback mark: `played_ms` of the turn had played when the microphone's audio reached `mic_ms`."""
         offset = mic_ms - played_ms
-        guessed = not self._offsets  # placed by its first audio only: its first mark moves it if it must
-        if self._anchor is None or self._anchor[0] != turn_id or guessed and self._moves(offset):
+        if self._anchor is None or self._anchor[0] != turn_id:
             self._anchor, self._offsets = (turn_id, offset), deque([offset], maxlen=MARKS_KEPT)
             return
         self._offsets.append(offset)

@@ -88,7 +88,7 @@ class Session:
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner,
         )  # fmt: skip
-        self.echo = ServerEcho(clock=lambda: self.listener.pushed_ms) if settings.server_aec and aec_available() else None
+        self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
         self.listener.echo = self.echo
         self.replies = Replies(self)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
