@@ -176,7 +176,9 @@ class TwilioCall:
             log.warning("twilio %s: refused (%s)", self.session_id, full)
             raise _Ended
         st = self.state
-        settings = replace(st.settings, output_sample_rate=codec.G711_RATE)  # spoken straight at the line's rate
+        # spoken straight at the line's rate; the phone network cancels its own line echo, and AEC3 against marks that
+        # say only when Twilio's buffer played would cost the caller's first words (docs/turn-taking.md)
+        settings = replace(st.settings, output_sample_rate=codec.G711_RATE, server_aec=False)
         params = event.start.custom_parameters
         persona = params.get("persona") or st.cfg.twilio.persona or st.cfg.default_persona
         self.session = Session(self.session_id, st.stages, settings, st.personas, persona, params.get("voice"),
