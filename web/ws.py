@@ -260,7 +260,10 @@ class Connection:
         if (full := st.refusal_detail()) is not None:
             raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
                                   extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
-        settings = replace(st.settings, server_aec=False) if msg.echo_cancelled else st.settings
+        # a client with its own echo canceller (and every WebRTC peer: a browser's media stack has one, and the marks
+        # there are the server's own) needs none of the server's
+        own_aec = msg.echo_cancelled or self.transport == "webrtc"
+        settings = replace(st.settings, server_aec=False) if own_aec else st.settings
         session = Session(
             self.session_id, st.stages, settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
             outbox=self.outbox, on_trace=self._on_trace,
