@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from desktop.fifo import SampleFifo
+from voice.echo import aec_available  # one check for both cancellers (the server's and this client's)
 
 EchoMode = Literal["aec", "guard", "off"]
 RATE = 16000
@@ -52,14 +53,6 @@ class NoEcho:
 
     def capture(self, near: np.ndarray, speaking: bool) -> Capture:
         return Capture(near, False)
-
-
-def aec_available() -> bool:
-    try:
-        import pywebrtc_audio  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class WebRtcAec:
