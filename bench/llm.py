@@ -219,7 +219,7 @@ def main() -> None:
         names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
         shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder)
     if args.gemma3:
-        gemma3_table(args.gemma3)
+        gemma3_table(args.gemma3, llama_cpp=not args.skip_llama_cpp)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: 
             ours = max(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1] for _ in range(2))
             kernels = kernels_used(model, bool(load().parley_features() & 1))
             del model
-            lc = run_llama_cpp(path, prompt, n)
+            lc = run_llama_cpp(path, prompt, n) if llama_cpp else "skipped"
             lc_tps = lc[1] if not isinstance(lc, str) else None
             ratio = f"{ours / lc_tps:5.2f}x" if lc_tps else "    -"
             lc_cell = f"{lc_tps:10.1f}" if lc_tps else f"{lc:>10.10s}"
@@ -91,7 +91,7 @@ def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: 
                   f" {ours:11.1f} {lc_cell} {ratio}  {kernels}", flush=True)  # fmt: skip
 
 
-def gemma3_table(runs: int = 3, n: int = 32) -> None:
+def gemma3_table(runs: int = 3, n: int = 32, llama_cpp: bool = True) -> None:
     """The real Gemma 3 270M Q4_K_M file (parley.locate.gemma3_270m_file): ours (llm.quant int4, the file's Q4_K blocks
     as stored, its Q5_0/Q6_K/Q8_0 projections int8, the compiled step) and llama.cpp, alternating `runs` times;
     decode tokens/s after a 40-token prompt, medians and the ratio's spread."""
@@ -106,7 +106,7 @@ def gemma3_table(runs: int = 3, n: int = 32) -> None:
     ours, theirs, why = [], [], ""
     for _ in range(runs):
         ours.append(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1])
-        lc = run_llama_cpp(path, prompt, n)
+        lc = run_llama_cpp(path, prompt, n) if llama_cpp else "skipped"
         if isinstance(lc, str):
             why = lc
         else:
@@ -121,4 +121,6 @@ def gemma3_table(runs: int = 3, n: int = 32) -> None:
 
 
 if __name__ == "__main__":
-    gemma3_table()
+    import sys
+
+    gemma3_table(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
