@@ -64,6 +64,10 @@ class VadConfig(_Strict):
     server_aec: bool = True  # take the replies' echo out of the microphone on the server (WebRTC AEC3, voice/echo.py)
     rejoin_window_ms: int = Field(1000, ge=0)
     max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
+    # the reply's first phrase decoded and synthesised in the pause, held until the endpoint (voice/first_phrase.py);
+    # shed while the shared stages' waited jobs queue longer than preemptive_shed_wait_ms (p95) or others use the engine
+    preemptive_phrase: bool = True
+    preemptive_shed_wait_ms: float = Field(50.0, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":
