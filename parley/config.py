@@ -45,7 +45,7 @@ class VadConfig(_Strict):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
-    ahead_silence_ms: int = Field(64, ge=0)  # silence before the final recognition starts, ahead of the endpoint
+    ahead_silence_ms: int = Field(32, ge=0)  # silence before the final recognition starts, ahead of the endpoint
     turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "combined"
     hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
     turn_check_ms: int = Field(160, ge=0)  # the others: the silence that starts an end-of-turn check

@@ -22,6 +22,7 @@ from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
 from voice.phrase_audio import PhraseAudioCache
 from voice.preemption import DropPhrase, PreAction, Preemption, ShedPhrase, StartPhrase, UsePhrase
 from voice.stage_queue import Priority
+from voice.trace import now_ns
 from voice.tts_stream import synthesize_async
 from voice.turntaking import Action
 
@@ -47,6 +48,7 @@ class HeldPhrase:
     tts_start_s: float | None = None  # a synthesis running since then
     task: asyncio.Task[Any] | None = None
     made: bool = False  # decoded up to its phrase and (when spoken) synthesised, without a failure
+    marks_ns: dict[str, int] = field(default_factory=dict)  # start, phrase (decoded), ready (synthesised)
 
     def spent_tts_ms(self) -> float:
         running = 0.0 if self.tts_start_s is None else 1000.0 * (time.perf_counter() - self.tts_start_s)
@@ -83,11 +85,10 @@ class FirstPhrases:
     def follow(self, actions: Sequence[Action]) -> None:
         self._run(self.core.follow(actions))
 
-    async def after_ahead(self, utt: "Utterance") -> None:
-        """Once the work ahead of this pause is done: go on to the first phrase, if the pause still lasts."""
-        ahead = utt.ahead
-        await utt.ahead_done()
-        if utt.ahead is not ahead or not utt.paused or utt.prefill_result is None or not utt.final_text:
+    def after_ahead(self, utt: "Utterance") -> None:
+        """The work ahead of this pause is done (called from its task, so before anything waiting on it — the
+        end-of-turn check — runs on): go on to the first phrase, if the pause still lasts."""
+        if not utt.paused or utt.prefill_result is None or not utt.final_text:
             return  # speech came back, or no prefill (no words, a failure): nothing to go on from
         self._messages = self.s.messages(utt.final_text, utt.trace.info.get("joins"))
         self._run(self.core.ahead_ready(utt.turn_id, utt.final_text, self.busy()))
@@ -134,17 +135,20 @@ class FirstPhrases:
             self._waste(held)
             self._cancel(held)
 
-    def trace_info(self, turn_id: int) -> dict[str, Any]:
-        """The turn trace's fields: the outcome, and the work thrown away (this turn's, this session's)."""
+    def trace_info(self, turn_id: int, endpoint_ns: int, held: HeldPhrase | None) -> dict[str, Any]:
+        """The turn trace's fields: the outcome; for the work the reply continued, when it started, had its phrase
+        decoded and synthesised, in ms from the endpoint (negative: before it); the work thrown away (this turn's,
+        this session's)."""
         outcome = self.core.outcome(turn_id)
         if outcome is None:
             return {}
+        timing = {} if held is None else {"preemptive_ms": {k: round((v - endpoint_ns) / 1e6, 3) for k, v in held.marks_ns.items()}}
         tokens, tts_ms = self._turn_waste.pop(turn_id, (0, 0.0))
         for old in [t for t in self._turn_waste if t < turn_id]:  # turns that never got a reply (joined, dropped)
             del self._turn_waste[old]
         return {"preemptive": outcome, "preemptive_waste": {
             "tokens": tokens, "tts_ms": round(tts_ms, 3),
-            "session_tokens": self.wasted_tokens, "session_tts_ms": round(self.wasted_tts_ms, 3)}}  # fmt: skip
+            "session_tokens": self.wasted_tokens, "session_tts_ms": round(self.wasted_tts_ms, 3)}, **timing}  # fmt: skip
 
     def close(self) -> None:
         for held in [self._held, *self._using.values()]:
@@ -188,6 +192,7 @@ class FirstPhrases:
         s = self.s
         try:
             persona = s.persona
+            held.marks_ns["start"] = now_ns()
             held.call = s.stages.llm.generate(s.session_id, held.messages, max_new_tokens=persona.max_reply_tokens,
                                               temperature=persona.temperature)  # fmt: skip
             chunker = PhraseChunker()
@@ -204,6 +209,7 @@ class FirstPhrases:
                 if isinstance(event, LlmFinish):
                     break
             held.call.hold(True)  # the rest waits for the endpoint: the cores go to the synthesis and the check
+            held.marks_ns["phrase"] = now_ns()
             if held.phrase is not None and s.speak:
                 await self._synthesise(held, held.phrase)
         except asyncio.CancelledError:
@@ -214,6 +220,7 @@ class FirstPhrases:
             self.core.failed(held.turn_id)
             return
         held.made = True
+        held.marks_ns["ready"] = now_ns()
         self.core.phrase_ready(held.turn_id)
 
     async def _synthesise(self, held: HeldPhrase, phrase: str) -> None:

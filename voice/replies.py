@@ -151,7 +151,7 @@ class Replies:
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             held = await s.preempt.take(a.turn_id, messages) if a.kind == "voice" else None
-            trace.info.update(s.preempt.trace_info(a.turn_id))
+            trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             deltas = self._llm_deltas(messages, trace, utt, call, held)
             reply = self._reply_for(a.turn_id, trace)

@@ -365,9 +365,13 @@ class Session:
             return
         utt.pause()
         joins = utt.trace.info.get("joins")
-        utt.ahead = self.spawn(self.listener.ahead, utt, lambda text: self.messages(text, joins), self.settings.turns.uses_text)
+        utt.ahead = self.spawn(self._ahead, utt, lambda text: self.messages(text, joins))
+
+    async def _ahead(self, utt: Utterance, prompt: Callable[[str], list[tuple[str, str]]]) -> None:
+        """The work ahead of the endpoint (voice.listener), then the reply's first phrase (voice.first_phrase)."""
+        await self.listener.ahead(utt, prompt, self.settings.turns.uses_text)
         if self.preempt.core.enabled:
-            self.spawn(self.preempt.after_ahead, utt)
+            self.preempt.after_ahead(utt)
 
     async def _check_turn(self, a: CheckTurn) -> None:
         utt = self._hearing(a.turn_id)
