@@ -206,7 +206,7 @@ class Session:
         echo, playing = self.echo, self.replies.running(turn_id)
         if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
             echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
-        self.apply(self.turns.played(turn_id, played_ms))
+        self.apply(self.turns.played(turn_id, played_ms, None if paused else self.replies.unplayed_after(turn_id, played_ms)))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -300,6 +300,8 @@ class Session:
             elif isinstance(a, Join):
                 self._join(a)
             elif isinstance(a, Release):
+                log.info("session %s: speech %d over turn %d's reply was no interruption (%s: %r); it resumes",
+                         self.session_id, a.turn_id, a.reply_turn, a.reason, a.heard)  # fmt: skip
                 self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)
