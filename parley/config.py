@@ -231,6 +231,9 @@ class Persona(_Strict):
     speaking_rate: float = Field(1.0, ge=0.5, le=2.0)
     max_reply_tokens: int = Field(120, ge=1, le=2048)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list
+    backchannels: list[str] | None = None
+    stop_words: list[str] | None = None
 
 
 class ObservabilityConfig(_Strict):

@@ -70,6 +70,13 @@ class Replies:
             held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
             self.send_trace(held)
 
+    def unplayed_after(self, turn_id: int, played_ms: float) -> float | None:
+        """A reply sent whole (its task over, not stopped): what the client has yet to play once it played `played_ms`."""
+        reply, task = self.current, self.task
+        if reply is None or reply.turn_id != turn_id or reply.stopped or task is None or not task.done():
+            return None
+        return max(0.0, reply.sent_ms - played_ms)
+
     def interrupt(self, turn_id: int, t_ms: float | None) -> None:
         """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
         that interrupts, the audio time at which it decided (sent with the clear)."""

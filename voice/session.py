@@ -83,7 +83,7 @@ class Session:
         self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
         self.speak = True  # replies are spoken; else text only
         self.memory = History(settings.history_chars, settings.history_messages)  # what the user said and heard
-        self.turns = TurnTaking(settings.turns, settings.vad_threshold)
+        self.turns = TurnTaking(self._spoken_in(settings.turns), settings.vad_threshold)
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
@@ -138,6 +138,8 @@ class Session:
             checked_voice = self.voice_override
         switched = name != self.persona_name
         self.persona_name, self.voice_override = name, checked_voice
+        if switched:
+            self.turns.retune(self._spoken_in(self.settings.turns), self.settings.vad_threshold)
         if switched and self.settings.warm_prompt:
             self.rewarm()
         if switched and self.persona.greeting and self.settings.greet:
@@ -188,7 +190,12 @@ class Session:
         """Another turn policy from the next turn on (the Realtime API's turn_detection)."""
         turns = self._usable(turns, self.stages)
         self.settings = replace(self.settings, turns=turns, vad_threshold=vad_threshold)
-        self.turns.retune(turns, vad_threshold)
+        self.turns.retune(self._spoken_in(turns), vad_threshold)
+
+    def _spoken_in(self, turns: TurnPolicy) -> TurnPolicy:
+        """`turns` with the persona's own words for interruptions, if it has them (its language)."""
+        lexicon = self.persona.lexicon
+        return turns if lexicon is None else replace(turns, lexicon=lexicon)
 
     @staticmethod
     def _usable(turns: TurnPolicy, stages: Stages) -> TurnPolicy:
@@ -208,7 +215,7 @@ class Session:
         echo, playing = self.echo, self.replies.running(turn_id)
         if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
             echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
-        self.apply(self.turns.played(turn_id, played_ms))
+        self.apply(self.turns.played(turn_id, played_ms, None if paused else self.replies.unplayed_after(turn_id, played_ms)))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -304,6 +311,8 @@ class Session:
             elif isinstance(a, Join):
                 self._join(a)
             elif isinstance(a, Release):
+                log.info("session %s: speech %d over turn %d's reply was no interruption (%s: %r); it resumes",
+                         self.session_id, a.turn_id, a.reply_turn, a.reason, a.heard)  # fmt: skip
                 self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from voice.asr import Transcriber
+from voice.interjection import Lexicon
 from voice.llm_bridge import LlmBridge
 from voice.phrase_audio import PhraseAudioCache
 from voice.reply import VoiceBinding, WorkCounter
@@ -26,6 +27,7 @@ class PersonaSpec:
     speaking_rate: float = 1.0
     max_reply_tokens: int = 120
     temperature: float = 0.0
+    lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
 
 
 @dataclass(frozen=True)

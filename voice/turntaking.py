@@ -460,8 +460,12 @@ class TurnTaking:
             self._last_end = None  # its reply is over: later speech is a new request
         return []
 
-    def played(self, turn_id: int, played_ms: float) -> list[Action]:
-        """A playback mark. For the reply interrupted last, a mark (even one after the clear) fixes the history."""
+    def played(self, turn_id: int, played_ms: float, unplayed_ms: float | None = None) -> list[Action]:
+        """A playback mark. For the reply interrupted last, a mark (even one after the clear) fixes the history. For a
+        reply sent whole, `unplayed_ms` (what of it the client has yet to play, by this mark) says when it falls silent:
+        a client's word beats reply_ended's estimate (the audio clock stands still while no microphone audio comes)."""
+        if unplayed_ms is not None and self._audible is not None and self._audible[0] == turn_id:
+            self._audible = (turn_id, self._now_ms + min(max(unplayed_ms, 0.0), MAX_AUDIBLE_MS) + ECHO_TAIL_MS)
         return [Correct(turn_id, played_ms)] if turn_id == self._last_interrupted else []
 
     def _start_reply(self, turn_id: int, text: str | None, kind: str) -> list[Action]:
