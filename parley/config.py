@@ -241,6 +241,8 @@ class ObservabilityConfig(_Strict):
     standard OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables."""
 
     otlp_endpoint: str | None = Field(None, pattern=r"^https?://")  # e.g. http://jaeger:4318 (/v1/traces is added)
+    # OTLP over HTTP/protobuf (port 4318) or gRPC (4317); null: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else http/protobuf
+    otlp_protocol: Literal["http/protobuf", "grpc"] | None = None
     headers: dict[str, str] = Field(default_factory=dict)  # sent with each export (e.g. a Langfuse auth header)
     service_name: str = "parley"
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # share of sessions whose spans are kept
