@@ -71,6 +71,11 @@ class Preemption:
         """The turn whose phrase is held (or being made), if any."""
         return None if self._held is None else self._held.turn_id
 
+    @property
+    def ready(self) -> bool:
+        """Whether a phrase is held and made (decoded and synthesised)."""
+        return self._held is not None and self._held.ready
+
     def ahead_ready(self, turn_id: int, text: str, busy: str | None) -> list[PreAction]:
         """The work ahead has the final transcript and the prefill of the turn being heard, in a pause that still
         lasts. `busy`: why the machine cannot spare the work now, or None."""
