@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--persona-sessions", type=int, default=6, help="new sessions in the persona table (0: skip it)")
     ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
     ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
-    ap.add_argument("--gemma3", type=int, default=0, help="alternating runs for the real Gemma 3 270M table (0: skip it)")
+    ap.add_argument("--gemma3", type=int, default=0, help="alternating runs, ours vs llama.cpp, on the real Gemma 3 270M and the model (0: skip)")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
@@ -219,7 +219,7 @@ def main() -> None:
         names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
         shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder)
     if args.gemma3:
-        gemma3_table(args.gemma3, llama_cpp=not args.skip_llama_cpp)
+        gemma3_table(args.gemma3, llama_cpp=not args.skip_llama_cpp, embedded=args.model)
 
 
 if __name__ == "__main__":

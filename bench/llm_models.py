@@ -1,6 +1,7 @@
-"""Two tables bench/llm.py prints after its own: a new session's time to first token with a ~300-token persona
-prompt, cold against a prefix-cache hit; and decode speed at the sizes people download (random-weight GGUFs
-shaped like Qwen2.5-0.5B and a 1.5B Llama, bench/model_shapes.py), ours beside llama.cpp on the same file.
+"""Tables bench/llm.py prints after its own: a new session's time to first token with a ~300-token persona
+prompt, cold against a prefix-cache hit; decode speed at the sizes people download (random-weight GGUFs
+shaped like Qwen2.5-0.5B and a 1.5B Llama, bench/model_shapes.py), ours beside llama.cpp on the same file; and
+ours against llama.cpp in alternating runs on the real Gemma 3 270M file and the embedded model.
 """
 from __future__ import annotations
 
@@ -91,36 +92,45 @@ def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: 
                   f" {ours:11.1f} {lc_cell} {ratio}  {kernels}", flush=True)  # fmt: skip
 
 
-def gemma3_table(runs: int = 3, n: int = 32, llama_cpp: bool = True) -> None:
-    """The real Gemma 3 270M Q4_K_M file (parley.locate.gemma3_270m_file): ours (llm.quant int4, the file's Q4_K blocks
-    as stored, its Q5_0/Q6_K/Q8_0 projections int8, the compiled step) and llama.cpp, alternating `runs` times;
-    decode tokens/s after a 40-token prompt, medians and the ratio's spread."""
+def alternating_table(files: dict[str, Path], runs: int = 3, n: int = 32, llama_cpp: bool = True) -> None:
+    """Ours (llm.quant int4: a file's 4-bit blocks as stored, its wider projections int8; the compiled step) and llama.cpp
+    on each file, alternating `runs` times: decode tokens/s after a 40-token prompt, medians and the ratio's spread."""
+    print(f"\nOurs vs llama.cpp on the same file, {runs} alternating runs, {n} greedy tokens after a 40-token prompt,"
+          f" {torch.get_num_threads()} threads:")  # fmt: skip
+    print(f"{'model':30s} {'file MB':>7s} {'ours tok/s (median, min-max)':>29s} {'llama.cpp tok/s':>22s}"
+          f" {'ratio (median, min-max)':>25s}  our decode step")  # fmt: skip
+    for label, path in files.items():
+        model = on_own_thread(lambda: prepare(path, device="cpu", dtype="float32", max_seq_len=512, quant="int4",
+                                              group_size=32, self_draft="none", kv_cache="auto").model)  # fmt: skip
+        kernels = kernels_used(model, bool(load().parley_features() & 1))
+        prompt = list(range(1000, 1040))
+        on_own_thread(lambda: run_plain(model, prompt[:8], 4, compiled=True))  # warm-up
+        ours, theirs, why = [], [], ""
+        for _ in range(runs):
+            ours.append(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1])
+            lc = run_llama_cpp(path, prompt, n) if llama_cpp else "skipped"
+            if isinstance(lc, str):
+                why = lc
+            else:
+                theirs.append(lc[1])
+        del model
+        spread = lambda xs, f: f"{statistics.median(xs):{f}} ({min(xs):{f}}-{max(xs):{f}})"  # noqa: E731
+        ratios = [a / b for a, b in zip(ours, theirs)]
+        print(f"{label:30s} {path.stat().st_size / 1e6:7.0f} {spread(ours, '.1f'):>29s} {spread(theirs, '.1f') if theirs else why[:22]:>22s}"
+              f" {spread(ratios, '.2f') + 'x' if ratios else '-':>25s}  {kernels}", flush=True)  # fmt: skip
+
+
+def gemma3_table(runs: int = 3, n: int = 32, llama_cpp: bool = True, embedded: Path | None = None) -> None:
+    """alternating_table on the real Gemma 3 270M Q4_K_M file (parley.locate.gemma3_270m_file), and the embedded model."""
     from parley.locate import gemma3_270m_file
 
-    path = gemma3_270m_file()
-    model = on_own_thread(lambda: prepare(path, device="cpu", dtype="float32", max_seq_len=512, quant="int4",
-                                          group_size=32, self_draft="none", kv_cache="auto").model)  # fmt: skip
-    kernels = kernels_used(model, bool(load().parley_features() & 1))
-    prompt = list(range(1000, 1040))
-    on_own_thread(lambda: run_plain(model, prompt[:8], 4, compiled=True))  # warm-up
-    ours, theirs, why = [], [], ""
-    for _ in range(runs):
-        ours.append(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1])
-        lc = run_llama_cpp(path, prompt, n) if llama_cpp else "skipped"
-        if isinstance(lc, str):
-            why = lc
-        else:
-            theirs.append(lc[1])
-    print(f"\nGemma 3 270M, the real Q4_K_M file ({path.stat().st_size / 1e6:.0f} MB), {n} greedy tokens after a 40-token"
-          f" prompt, {torch.get_num_threads()} threads, {runs} alternating runs:")  # fmt: skip
-    print(f"{'ours tok/s (median, min-max)':30s} {'llama.cpp tok/s':>22s} {'ratio (median, min-max)':>26s}  our decode step")
-    lc_cell = f"{statistics.median(theirs):8.1f} ({min(theirs):.0f}-{max(theirs):.0f})" if theirs else why[:22]
-    ratios = [a / b for a, b in zip(ours, theirs)]
-    ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
-    print(f"{statistics.median(ours):8.1f} ({min(ours):.0f}-{max(ours):.0f}){'':14s} {lc_cell:>22s} {ratio:>26s}  {kernels}")
+    files = {"Gemma 3 270M Q4_K_M": gemma3_270m_file(), **({"SmolLM2-135M Q4_1 (embedded)": embedded} if embedded else {})}
+    alternating_table(files, runs, n, llama_cpp)
 
 
 if __name__ == "__main__":
     import sys
 
-    gemma3_table(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    from bench.llm_speed import llm_path
+
+    gemma3_table(int(sys.argv[1]) if len(sys.argv) > 1 else 3, embedded=llm_path(None))
