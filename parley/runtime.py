@@ -65,9 +65,28 @@ def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
         name: PersonaSpec(
             name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
+            tools=persona_tools(name, p), tool_choice=p.tool_choice, tool_filler=p.tool_filler,
         )  # fmt: skip
         for name, p in cfg.persona_defs.items()
     }
+
+
+def persona_tools(name: str, p: Any) -> tuple[Any, ...]:
+    """A persona's `tools:` loaded (voice.tool_registry); ConfigError naming the persona and the tool."""
+    from parley.config import ConfigError, PersonaTool
+    from voice.tool_registry import load
+
+    tools = []
+    for i, entry in enumerate(p.tools):
+        t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
+        try:
+            tools.append(load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"persona {name}: tools[{i}]: {exc}") from None
+    names = [t.spec.name for t in tools]
+    if p.tool_choice not in ("auto", "required", "none", *names):
+        raise ConfigError(f"persona {name}: tool_choice: {p.tool_choice!r} is none of auto, required, none, {', '.join(names)}")
+    return tuple(tools)
 
 
 def output_sample_rate(cfg: AppConfig) -> int:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
+from dataclasses import replace
+
+from llm_engine.constrain import Constraint
+from llm_engine.request import ChatMessage
 
 from voice.audio import SAMPLE_RATE, resample
 from voice.history import reply_content
@@ -18,6 +22,8 @@ from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
+from voice.timers import Timers
+from voice.tool_turn import tool_reply, warm_grammar
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
@@ -44,6 +50,7 @@ class Replies:
         self.warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
         self._start_lock = asyncio.Lock()
         self._last_text = ""  # the reply before the current one (its echo can still be in the air)
+        self.timers = Timers(session.spawn, lambda: session.turns.state == "idle", self.announce)  # set_timer's (voice.timers)
 
     def running(self, turn_id: int) -> Reply | None:
         """The reply of `turn_id` while its task still runs (ending, perhaps), else None."""
@@ -103,6 +110,10 @@ class Replies:
         texts = [self._last_text, self.current.text if self.current is not None else ""]
         return words(" ".join(texts))[-RECENT_WORDS:]
 
+    def announce(self, text: str) -> None:
+        """Say `text` now, unasked (a timer's reminder): a reply of its own, kept in the history."""
+        self.s.apply([replace(a, text=text, kind="announce") if isinstance(a, ReplyTo) else a for a in self.s.turns.greet()])
+
     def stop_current(self) -> None:
         if self.current is not None:
             self.interrupt(self.current.turn_id, None)
@@ -127,13 +138,14 @@ class Replies:
             self.stop_current()  # told to stop when this reply was asked for, unless it had not started then
             if task is not None and not task.done():
                 await asyncio.wait([task])
-            if a.kind == "greeting":
-                greeting = s.persona.greeting
+            if a.kind in ("greeting", "announce"):  # fixed words: the persona's greeting, a timer's reminder
+                greeting = s.persona.greeting if a.kind == "greeting" else a.text
                 if not greeting:
                     s.apply(s.turns.reply_ended(a.turn_id, interrupted=False))
                     return
                 reply = self._reply_for(a.turn_id, None)
-                reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
+                if a.kind == "greeting":
+                    reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
                 self._launch(reply, _fixed(greeting), None)
                 return
             assert a.text is not None and trace is not None
@@ -149,7 +161,13 @@ class Replies:
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
-            deltas = self._llm_deltas(messages, trace, utt, call)
+            if s.persona.tools and s.persona.tool_choice != "none":  # the reply may call a tool (voice.tool_turn)
+                await warm_grammar(s.stages.llm)
+                p = s.persona
+                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, c), messages,
+                                    p.toolbox, p.tool_choice, p.tool_filler, self.timers, trace)  # fmt: skip
+            else:
+                deltas = self._llm_deltas(messages, trace, utt, call)
             self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
@@ -241,14 +259,16 @@ class Replies:
         self.s.on_trace(trace)
 
     async def _llm_deltas(
-        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall]
+        self, messages: Sequence[tuple[str, str] | ChatMessage], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[str]:
         s = self.s
         persona = s.persona
         llm_start_ns = trace.mark("llm_start")
+        more = {} if constraint is None else {"constraint": constraint}
         events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
-                                       temperature=persona.temperature)  # fmt: skip
-        call.append(events)
+                                       temperature=persona.temperature, **more)  # fmt: skip
+        call[:] = [events]  # (a tool turn's later request replaces the first: hold() pauses the one running)
         async with aclosing(events):
             async for event in events:
                 if isinstance(event, LlmToken):

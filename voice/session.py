@@ -23,6 +23,7 @@ from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from voice.tool_turn import with_tools
 from voice.trace import TurnTrace
 from voice.turn_policy import TurnPolicy
 from voice.turntaking import (
@@ -260,7 +261,7 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
-        return self.memory.prompt(self.instructions or self.persona.system_prompt, user_text, joins)
+        return self.memory.prompt(with_tools(self.instructions or self.persona.system_prompt, self.persona), user_text, joins)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a
