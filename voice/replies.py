@@ -14,6 +14,8 @@ from dataclasses import replace
 
 from llm_engine.constrain import Constraint
 from llm_engine.request import ChatMessage
+from llm_engine.tool_calls import ArgumentsDelta, CallDone, CallStarted, Delta
+from llm_engine.tool_format import call_text
 
 from voice.audio import SAMPLE_RATE, resample
 from voice.history import reply_content
@@ -23,7 +25,7 @@ from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
 from voice.timers import Timers
-from voice.tool_turn import tool_reply, warm_grammar
+from voice.tool_turn import CALL_TOKENS, session_tools, tool_reply, warm_grammar
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
@@ -114,6 +116,17 @@ class Replies:
         """Say `text` now, unasked (a timer's reminder): a reply of its own, kept in the history."""
         self.s.apply([replace(a, text=text, kind="announce") if isinstance(a, ReplyTo) else a for a in self.s.turns.greet()])
 
+    def _client_call(self, turn_id: int, d: Delta) -> None:
+        """A call of a client's tool as the model writes it: to the client (the Realtime API's function_call item),
+        and once whole into the history, where the client's function_call_output will answer it."""
+        if isinstance(d, CallStarted):
+            self.s.outbox.send("tool.call.started", turn_id=turn_id, call_id=d.id, name=d.name)
+        elif isinstance(d, ArgumentsDelta):
+            self.s.outbox.send("tool.call.delta", turn_id=turn_id, index=d.index, arguments=d.text)
+        elif isinstance(d, CallDone):
+            self.s.memory.messages.append(("assistant", call_text(d.call)))
+            self.s.outbox.send("tool.call.done", turn_id=turn_id, call_id=d.call.id, name=d.call.name, arguments=d.call.arguments)
+
     def stop_current(self) -> None:
         if self.current is not None:
             self.interrupt(self.current.turn_id, None)
@@ -150,22 +163,29 @@ class Replies:
                 return
             assert a.text is not None and trace is not None
             joins = trace.info.get("joins")
-            messages = s.messages(a.text, joins)
+            if a.kind == "continue":  # answer the history as it stands (a client's tool result ends it)
+                messages = s.messages()
+            else:
+                messages = s.messages(a.text, joins)
             s.memory.drop_joined(joins)  # the early reply to half of this request goes
             dropped = s.memory.trim()  # only when a single typed turn outgrew it (or after a joined one)
             if dropped:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
                 messages = s.messages(a.text)
-            s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
+            if a.kind != "continue":
+                s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
             trace.texts["user"] = a.text
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
-            if s.persona.tools and s.persona.tool_choice != "none":  # the reply may call a tool (voice.tool_turn)
+            p = s.persona
+            specs = session_tools(p, s.client_tools, s.client_tool_choice)
+            if specs:  # the reply may call a tool (voice.tool_turn)
                 await warm_grammar(s.stages.llm)
-                p = s.persona
-                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, c), messages,
-                                    p.toolbox, p.tool_choice, p.tool_filler, self.timers, trace)  # fmt: skip
+                choice = s.client_tool_choice if s.client_tools and s.client_tool_choice else p.tool_choice
+                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, c, CALL_TOKENS if c and not c.trigger else 0),
+                                    messages, p.toolbox, specs, choice, p.tool_filler, self.timers, trace,
+                                    lambda d: self._client_call(a.turn_id, d))  # fmt: skip
             else:
                 deltas = self._llm_deltas(messages, trace, utt, call)
             self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
@@ -260,13 +280,13 @@ class Replies:
 
     async def _llm_deltas(
         self, messages: Sequence[tuple[str, str] | ChatMessage], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
-        constraint: Constraint | None = None,
+        constraint: Constraint | None = None, extra_tokens: int = 0,
     ) -> AsyncIterator[str]:
         s = self.s
         persona = s.persona
         llm_start_ns = trace.mark("llm_start")
         more = {} if constraint is None else {"constraint": constraint}
-        events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
+        events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens + extra_tokens,
                                        temperature=persona.temperature, **more)  # fmt: skip
         call[:] = [events]  # (a tool turn's later request replaces the first: hold() pauses the one running)
         async with aclosing(events):

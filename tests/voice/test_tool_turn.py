@@ -85,7 +85,7 @@ async def test_a_call_runs_and_its_result_comes_back_for_the_spoken_answer() -> 
     assistant, result = second.messages[-2:]
     assert assistant.role == "assistant" and assistant.tool_calls[0].name == "current_time"
     assert result.role == "tool" and result.tool_call_id == assistant.tool_calls[0].id
-    assert result.content == current_time()[: len(result.content)]  # the time as the tool said it
+    assert result.content.startswith("The current_time tool says: " + current_time()[:10])  # the time as the tool said it
     assert trace["tools"] == [{"name": "current_time", "ms": trace["tools"][0]["ms"], "ok": True}]
     assert "tool" in trace["stages_ms"] and trace["stages_ms"]["tool"] >= 0
     assert h.session.history[-1] == ("assistant", "It is late.")
@@ -98,7 +98,7 @@ async def test_a_raising_tool_is_answered_with_an_error_result_and_the_conversat
         done = await h.wait_for("response.done")
         trace = await h.wait_for("turn.trace")
         result = engine.requests[1].messages[-1]
-        assert result.role == "tool" and result.content == "error: ConnectionError: the weather service is down"
+        assert result.role == "tool" and result.content == "The boom tool says: error: ConnectionError: the weather service is down"
         assert done["text"] == "Sorry, that failed." and not h.of("error")
         assert trace["tools"][0]["ok"] is False and "ConnectionError" in trace["tools"][0]["error"]
         h.session.text_input("hello")  # the session goes on
@@ -144,7 +144,7 @@ async def test_a_timer_set_by_text_speaks_when_due_while_the_user_is_silent() ->
         h.session.text_input("set a timer for one second for the tea")
         first = await h.wait_for("response.done")
         assert first["text"] == "Timer set."
-        assert engine.requests[1].messages[-1].content == "timer 1 set for 1 second (tea)"
+        assert engine.requests[1].messages[-1].content == "The set_timer tool says: timer 1 set for 1 second (tea)"
         assert h.session.replies.timers.pending  # not due yet when the answer ended
         due = await h.wait_for("response.done", 2, timeout_s=10)  # nobody said anything: the timer speaks
         assert due["text"] == "Your tea timer is done." and due["turn_id"] > first["turn_id"]
@@ -162,6 +162,6 @@ async def test_timers_die_with_the_session_and_a_bad_duration_is_an_error_result
         assert len(timers.pending) == 1
         h.session.text_input("a zero timer")
         await h.wait_for("response.done", 2)
-        assert engine.requests[3].messages[-1].content.startswith("error: ValueError: a timer runs between")
+        assert engine.requests[3].messages[-1].content.startswith("The set_timer tool says: error: ValueError: a timer runs")
         tasks = [t for t in h.session._bg if not t.done()]
     assert not timers.fired and all(t.done() for t in tasks)  # closing the session ended the hour's timer
