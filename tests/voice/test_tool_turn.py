@@ -165,3 +165,16 @@ async def test_timers_die_with_the_session_and_a_bad_duration_is_an_error_result
         assert engine.requests[3].messages[-1].content.startswith("The set_timer tool says: error: ValueError: a timer runs")
         tasks = [t for t in h.session._bg if not t.done()]
     assert not timers.fired and all(t.done() for t in tasks)  # closing the session ended the hour's timer
+
+
+def test_a_remote_llm_gets_a_tool_round_as_plain_messages() -> None:
+    """A remote chat server takes no tool ids without its own tools: the call goes as its text, the result as the
+    user's message (the tools are in the system prompt as text; no grammar binds a remote model)."""
+    from llm_engine.request import ChatMessage
+    from voice.remote.llm import _pair
+
+    c = ToolCall("call_1", "current_time", "{}")
+    assert _pair(ChatMessage("assistant", "", (c,))) == ("assistant", call_text(c))
+    assert _pair(ChatMessage("tool", "The current_time tool says: noon", tool_call_id="call_1")) == (
+        "user", "The current_time tool says: noon")
+    assert _pair(ChatMessage("user", "hi")) == ("user", "hi")
