@@ -1,10 +1,10 @@
-"""A real OTLP/HTTP trace receiver for the tests and `bench.e2e --otlp`: a loopback HTTP server that decodes each
-ExportTraceServiceRequest with opentelemetry-proto and keeps the spans; in `hang` mode it reads requests and never
-answers (a collector that is stuck)."""
+"""Real OTLP trace receivers for the tests and `bench.e2e --otlp`: a loopback HTTP server (OtlpReceiver) or gRPC
+server (OtlpGrpcReceiver) that decodes each ExportTraceServiceRequest with opentelemetry-proto and keeps the spans;
+the HTTP one in `hang` mode reads requests and never answers (a collector that is stuck)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -42,14 +42,47 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return {kv.key: _value(kv.value) for kv in kvs}
 
 
-@dataclass
-class OtlpReceiver:
-    hang: bool = False
-    spans: list[Received] = field(default_factory=list)
-    requests: int = 0
+class _Collected:
+    """The spans a receiver took in, and waiting on them."""
 
-    def __post_init__(self) -> None:
+    def __init__(self) -> None:
+        self.spans: list[Received] = []
+        self.requests = 0
         self.changed = threading.Condition()
+
+    def _take(self, body: bytes) -> None:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        got = []
+        for rs in req.resource_spans:
+            service = str(_attrs(rs.resource.attributes).get("service.name", ""))
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    got.append(Received(
+                        s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.start_time_unix_nano,
+                        s.end_time_unix_nano, _attrs(s.attributes),
+                        [(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events], s.status.code, service,
+                    ))  # fmt: skip
+        with self.changed:
+            self.spans += got
+            self.changed.notify_all()
+
+    def wait(self, cond: Any, timeout_s: float = 30.0) -> None:
+        """Block until cond(self) holds (AssertionError after timeout_s)."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: cond(self), timeout=timeout_s):
+                raise AssertionError(f"OTLP receiver: condition not met in {timeout_s} s ({len(self.spans)} spans)")
+
+    def named(self, name: str) -> list[Received]:
+        return [s for s in self.spans if s.name == name]
+
+
+class OtlpReceiver(_Collected):
+    """OTLP/HTTP on a free loopback port."""
+
+    def __init__(self, hang: bool = False) -> None:
+        super().__init__()
+        self.hang = hang
         self.release = threading.Event()  # set at the end: a hung handler may return
         receiver = self
 
@@ -81,33 +114,39 @@ class OtlpReceiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def _take(self, body: bytes) -> None:
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        got = []
-        for rs in req.resource_spans:
-            service = str(_attrs(rs.resource.attributes).get("service.name", ""))
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    got.append(Received(
-                        s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.start_time_unix_nano,
-                        s.end_time_unix_nano, _attrs(s.attributes),
-                        [(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events], s.status.code, service,
-                    ))  # fmt: skip
-        with self.changed:
-            self.spans += got
-            self.changed.notify_all()
-
-    def wait(self, cond: Any, timeout_s: float = 30.0) -> None:
-        """Block until cond(self) holds (AssertionError after timeout_s)."""
-        with self.changed:
-            if not self.changed.wait_for(lambda: cond(self), timeout=timeout_s):
-                raise AssertionError(f"OTLP receiver: condition not met in {timeout_s} s ({len(self.spans)} spans)")
-
-    def named(self, name: str) -> list[Received]:
-        return [s for s in self.spans if s.name == name]
-
     def close(self) -> None:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class OtlpGrpcReceiver(_Collected):
+    """OTLP over gRPC on a free loopback port (grpcio and opentelemetry-proto's service)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import grpc
+        from concurrent import futures
+
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        receiver = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:  # noqa: N802
+                with receiver.changed:
+                    receiver.requests += 1
+                receiver._take(request.SerializeToString())
+                return ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.server.stop(grace=None)

@@ -3,7 +3,7 @@ plays the reply in real time, sends playback marks and follows the server's hold
 and no VAD of its own, like a speakerphone or a phone line). Per family: replies stopped, turns opened, and the time
 from the interjection's first voiced sample to the server's decision and to the reply's resume.
 
-    python -m bench.interruptions [--server URL] [--tiny] [--out FILE]
+    python -m bench.interruptions [--server URL] [--tiny] [--family F ...] [--repeat N] [--out FILE]
 
 Families: backchannels ("uh-huh" ... in Piper, flite and espeak-ng voices), noises (a cough, a knock, babble and music
 at -25 dBFS), echo (the reply's own audio fed back 60-120 ms later at -10 dB), real interruptions (stop words and
@@ -60,6 +60,7 @@ class Outcome:
     answered: str | None = None  # real: the transcript the new turn answered
     heard: str | None = None  # what the server heard in it: the resumed words, or the interrupting turn's transcript
     error: str | None = None
+    speech_events: int = 0  # vad.speech_started seen (0: the server's VAD never heard it)
 
 
 def _level(audio: np.ndarray, dbfs: float) -> np.ndarray:
@@ -232,7 +233,8 @@ class Speakerphone:
         finals = [m["text"] for m in kinds("transcript.final") if m["turn_id"] in started - dropped]
         heard = resumed["heard"] if resumed is not None else finals[0] if finals else None
         return Outcome(self.case.family, self.case.name, clear is not None, len(started - dropped), since(clear),
-                       since(resumed), self._answered() if self.case.family == "real" else None, heard)  # fmt: skip
+                       since(resumed), self._answered() if self.case.family == "real" else None, heard,
+                       speech_events=len(started))  # fmt: skip
 
 
 async def run_all(server: str, selected: list[Case], seed: int) -> list[Outcome]:
@@ -244,7 +246,8 @@ async def run_all(server: str, selected: list[Case], seed: int) -> list[Outcome]
         except (OSError, TimeoutError, RuntimeError) as exc:
             out.append(Outcome(case.family, case.name, False, 0, None, None, error=repr(exc)))
         print(f"  {out[-1].family:12s} {out[-1].name:45s} stopped={out[-1].stopped!s:5s} turns={out[-1].turns_opened} "
-              f"decided={out[-1].decision_ms} resumed={out[-1].resume_ms} heard={out[-1].heard!r}", flush=True)  # fmt: skip
+              f"decided={out[-1].decision_ms} resumed={out[-1].resume_ms} heard={out[-1].heard!r} "
+              f"speech={out[-1].speech_events}", flush=True)  # fmt: skip
     return out
 
 
@@ -267,10 +270,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", help="a running server's URL (default: start `parley serve` on the embedded models)")
     ap.add_argument("--tiny", action="store_true", help="one case per family (the test suite's run)")
+    ap.add_argument("--family", nargs="+", choices=("backchannel", "noise", "echo", "real"), help="only these families")
+    ap.add_argument("--repeat", type=int, default=1, help="run each case this many times")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the outcomes as JSON")
     args = ap.parse_args(argv)
-    selected = cases(args.tiny)
+    selected = [c for c in cases(args.tiny) if args.family is None or c.family in args.family] * max(1, args.repeat)
     server = None
     if args.server is None:
         tmp = Path(tempfile.mkdtemp(prefix="parley-interruptions-"))

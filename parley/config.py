@@ -45,7 +45,7 @@ class VadConfig(_Strict):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
-    ahead_silence_ms: int = Field(64, ge=0)  # silence before the final recognition starts, ahead of the endpoint
+    ahead_silence_ms: int = Field(32, ge=0)  # silence before the final recognition starts, ahead of the endpoint
     turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "combined"
     hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
     turn_check_ms: int = Field(160, ge=0)  # the others: the silence that starts an end-of-turn check
@@ -64,6 +64,10 @@ class VadConfig(_Strict):
     server_aec: bool = True  # take the replies' echo out of the microphone on the server (WebRTC AEC3, voice/echo.py)
     rejoin_window_ms: int = Field(1000, ge=0)
     max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
+    # the reply's first phrase decoded and synthesised in the pause, held until the endpoint (voice/first_phrase.py);
+    # shed while the shared stages' waited jobs queue longer than preemptive_shed_wait_ms (p95) or others use the engine
+    preemptive_phrase: bool = True
+    preemptive_shed_wait_ms: float = Field(50.0, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":
@@ -242,6 +246,9 @@ class Persona(_Strict):
     tools: tuple[str | PersonaTool, ...] = DEFAULT_TOOLS  # module:function, or {function, timeout_s, cancellable}
     tool_choice: str = "auto"  # auto | required | none | one tool's function name (called in every reply)
     tool_filler: str = Field("One moment.", min_length=1, max_length=200)  # said while a tool runs over ~300 ms
+    # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list
+    backchannels: list[str] | None = None
+    stop_words: list[str] | None = None
 
 
 class ObservabilityConfig(_Strict):
@@ -249,6 +256,8 @@ class ObservabilityConfig(_Strict):
     standard OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables."""
 
     otlp_endpoint: str | None = Field(None, pattern=r"^https?://")  # e.g. http://jaeger:4318 (/v1/traces is added)
+    # OTLP over HTTP/protobuf (port 4318) or gRPC (4317); null: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else http/protobuf
+    otlp_protocol: Literal["http/protobuf", "grpc"] | None = None
     headers: dict[str, str] = Field(default_factory=dict)  # sent with each export (e.g. a Langfuse auth header)
     service_name: str = "parley"
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # share of sessions whose spans are kept

@@ -61,11 +61,14 @@ class Runtime:
 
 
 def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
+    v = cfg.vad
     return {
         name: PersonaSpec(
             name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
             tools=persona_tools(name, p), tool_choice=p.tool_choice, tool_filler=p.tool_filler,
+            lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
+                v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words),
         )  # fmt: skip
         for name, p in cfg.persona_defs.items()
     }
@@ -119,6 +122,8 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         output_sample_rate=output_sample_rate(cfg),
         audio_lead_ms=1000.0 * cfg.server.audio_lead_s,
         server_aec=cfg.vad.server_aec,
+        preemptive_phrase=cfg.vad.preemptive_phrase,
+        preemptive_shed_wait_ms=cfg.vad.preemptive_shed_wait_ms,
     )
     return SessionSettings(**{**base.__dict__, **overrides})
 

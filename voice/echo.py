@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from voice.audio import SAMPLE_RATE
+from voice.echo_presence import EchoPresence
 
 BLOCK = SAMPLE_RATE // 100  # AEC3 works on 10 ms blocks
 TAIL_MS = 1500.0  # after the last far-end sample the room may still echo; past it the microphone passes untouched
@@ -61,6 +62,7 @@ class ServerEcho:
         self._offsets: deque[float] = deque(maxlen=MARKS_KEPT)
         self._pending = np.zeros(0, np.float32)
         self._last_far_ms = -1e12
+        self.presence = EchoPresence()  # the canceller's output is used only while the echo is really there
         self.blocks_cancelled = 0
 
     # -- what plays ---------------------------------------------------------------------------------------
@@ -95,16 +97,20 @@ class ServerEcho:
         """A mark that says playback is paused there (speech over the reply): nothing plays until the next mark.
         (A client that cannot pause, a phone line, never sends one: its reply goes on playing.)"""
         self._anchor = None
+        self.presence.gap()
 
     def stop(self) -> None:
         """Playback was cleared: nothing plays until the next mark."""
         self._anchor = None
+        self.presence.gap()
 
     # -- the microphone -----------------------------------------------------------------------------------
 
     def process(self, samples: np.ndarray, t_ms: float) -> np.ndarray:
         """Microphone audio (float32 at 16 kHz) starting at audio time `t_ms` -> the same audio with the reply's echo
-        taken out, in whole 10 ms blocks (up to one block is kept for the next call)."""
+        taken out, in whole 10 ms blocks (up to one block is kept for the next call). The canceller runs (and learns)
+        whenever something plays, but its output replaces the microphone's only while the echo is there
+        (voice.echo_presence): on a microphone that does not hear the loudspeaker it would only take the user's words."""
         buf = np.concatenate([self._pending, np.asarray(samples, np.float32)])
         start_ms = t_ms - 1000.0 * len(self._pending) / SAMPLE_RATE
         whole = len(buf) // BLOCK * BLOCK
@@ -116,8 +122,13 @@ class ServerEcho:
                 continue  # nothing played lately: the user's audio passes as it came
             if self._aec is None:
                 self._aec = self._make_aec()
-            out[i : i + BLOCK] = self._aec.process(buf[i : i + BLOCK], far if far is not None else np.zeros(BLOCK, np.float32))
-            self.blocks_cancelled += 1
+            near = buf[i : i + BLOCK]
+            cancelled = self._aec.process(near, far if far is not None else np.zeros(BLOCK, np.float32))
+            if far is not None:
+                self.presence.push(near, far, block_ms)
+            if self.presence.present(block_ms):
+                out[i : i + BLOCK] = cancelled
+                self.blocks_cancelled += 1
         self._pending = buf[whole:]
         return out
 

@@ -18,10 +18,11 @@ from llm_engine.tool_calls import ArgumentsDelta, CallDone, CallStarted, Delta
 from llm_engine.tool_format import call_text
 
 from voice.audio import SAMPLE_RATE, resample
+from voice.first_phrase import HeldPhrase
 from voice.history import reply_content
 from voice.interjection import words
 from voice.listener import Utterance
-from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
 from voice.timers import Timers
@@ -77,6 +78,13 @@ class Replies:
         if held is not None:
             held.mark("playback_start", arrival_ns - int(played_ms * 1e6))
             self.send_trace(held)
+
+    def unplayed_after(self, turn_id: int, played_ms: float) -> float | None:
+        """A reply sent whole (its task over, not stopped): what the client has yet to play once it played `played_ms`."""
+        reply, task = self.current, self.task
+        if reply is None or reply.turn_id != turn_id or reply.stopped or task is None or not task.done():
+            return None
+        return max(0.0, reply.sent_ms - played_ms)
 
     def interrupt(self, turn_id: int, t_ms: float | None) -> None:
         """Drop the reply's queued audio (the client is told to drop its own) and cancel it. `t_ms`: for speech
@@ -146,6 +154,7 @@ class Replies:
         s = self.s
         async with self._start_lock:  # at most one reply: the one before is stopped and waited for
             if s.turns.replying_to != a.turn_id:
+                s.preempt.unused(a.turn_id)
                 return  # a newer reply was asked for before this one could start
             task = self.task
             self.stop_current()  # told to stop when this reply was asked for, unless it had not started then
@@ -177,18 +186,26 @@ class Replies:
             trace.texts["user"] = a.text
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
-            call: list[LlmCall] = []  # the engine request, once the reply task has made it
             p = s.persona
             specs = session_tools(p, s.client_tools, s.client_tool_choice)
-            if specs:  # the reply may call a tool (voice.tool_turn)
+            choice = s.client_tool_choice if s.client_tools and s.client_tool_choice else p.tool_choice
+            if specs and choice != "auto":  # a forced call decodes under its grammar from the first token: the phrase
+                s.preempt.unused(a.turn_id)  # made ahead (free text) cannot begin it
+            held = await s.preempt.take(a.turn_id, messages) if a.kind == "voice" else None
+            trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
+            call: list[LlmCall] = []  # the engine request, once the reply task has made it
+            if specs:  # the reply may call a tool (voice.tool_turn); a phrase made ahead (no grammar) is continued
                 await warm_grammar(s.stages.llm)
-                choice = s.client_tool_choice if s.client_tools and s.client_tool_choice else p.tool_choice
-                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, c, CALL_TOKENS if c and not c.trigger else 0),
+                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
+                                                                         c, CALL_TOKENS if c and not c.trigger else 0),
                                     messages, p.toolbox, specs, choice, p.tool_filler, self.timers, trace,
                                     lambda d: self._client_call(a.turn_id, d))  # fmt: skip
             else:
-                deltas = self._llm_deltas(messages, trace, utt, call)
-            self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
+                deltas = self._llm_deltas(messages, trace, utt, call, held)
+            reply = self._reply_for(a.turn_id, trace)
+            if held is not None:
+                reply.phrase_cache = held.audio  # the first phrase's audio, made in the pause
+            self._launch(reply, deltas, trace, lambda on: call and call[0].hold(on))
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         s = self.s
@@ -280,17 +297,23 @@ class Replies:
 
     async def _llm_deltas(
         self, messages: Sequence[tuple[str, str] | ChatMessage], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
-        constraint: Constraint | None = None, extra_tokens: int = 0,
+        held: HeldPhrase | None = None, constraint: Constraint | None = None, extra_tokens: int = 0,
     ) -> AsyncIterator[str]:
+        """The reply's text: from its own engine request, or from the one made ahead (`held`), continued."""
         s = self.s
         persona = s.persona
         llm_start_ns = trace.mark("llm_start")
-        more = {} if constraint is None else {"constraint": constraint}
-        events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens + extra_tokens,
-                                       temperature=persona.temperature, **more)  # fmt: skip
+        replay: AsyncIterator[LlmEvent]
+        if held is not None and held.call is not None:  # (made without a grammar: a call in it is parsed as written)
+            events, replay = held.call, held.replay()
+        else:
+            more = {} if constraint is None else {"constraint": constraint}
+            events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens + extra_tokens,
+                                           temperature=persona.temperature, **more)  # fmt: skip
+            replay = events
         call[:] = [events]  # (a tool turn's later request replaces the first: hold() pauses the one running)
         async with aclosing(events):
-            async for event in events:
+            async for event in replay:
                 if isinstance(event, LlmToken):
                     trace.mark("llm_first_token")
                     yield event.text

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from llm_engine.tool_format import ToolSpec
 from voice.echo import ServerEcho
+from voice.first_phrase import FirstPhrases
 from voice.history import History
 from voice.outbox import Outbox
 from voice.stages import PersonaSpec, SessionSettings, Stages
@@ -30,6 +31,7 @@ class ReplyHost(Protocol):
     echo: ServerEcho | None  # the echo canceller the replies' audio is the far end of
     client_tools: tuple[ToolSpec, ...]  # tools the client runs (the Realtime API's session.tools)
     client_tool_choice: str | None  # the client's tool_choice (None: the persona's)
+    preempt: FirstPhrases  # the reply's first phrase made in the user's pause, held for the endpoint
 
     @property
     def persona(self) -> PersonaSpec: ...

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from voice.echo import ServerEcho, aec_available
+from voice.first_phrase import FirstPhrases
 from voice.history import History
 from voice.interjection import Heard
 from voice.listener import Listener, Overloaded, Utterance
@@ -86,7 +87,7 @@ class Session:
         self.client_tools: tuple[ToolSpec, ...] = ()  # tools the client runs (the Realtime API's session.tools)
         self.client_tool_choice: str | None = None  # auto | required | none | a name; None: the persona's
         self.memory = History(settings.history_chars, settings.history_messages)  # what the user said and heard
-        self.turns = TurnTaking(settings.turns, settings.vad_threshold)
+        self.turns = TurnTaking(self._spoken_in(settings.turns), settings.vad_threshold)
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
@@ -95,6 +96,7 @@ class Session:
         self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
         self.listener.echo = self.echo
         self.replies = Replies(self)
+        self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
         self._bg: set[asyncio.Task[Any]] = set()
@@ -140,6 +142,8 @@ class Session:
             checked_voice = self.voice_override
         switched = name != self.persona_name
         self.persona_name, self.voice_override = name, checked_voice
+        if switched:
+            self.turns.retune(self._spoken_in(self.settings.turns), self.settings.vad_threshold)
         if switched and self.settings.warm_prompt:
             self.rewarm()
         if switched and self.persona.greeting and self.settings.greet:
@@ -197,7 +201,12 @@ class Session:
         """Another turn policy from the next turn on (the Realtime API's turn_detection)."""
         turns = self._usable(turns, self.stages)
         self.settings = replace(self.settings, turns=turns, vad_threshold=vad_threshold)
-        self.turns.retune(turns, vad_threshold)
+        self.turns.retune(self._spoken_in(turns), vad_threshold)
+
+    def _spoken_in(self, turns: TurnPolicy) -> TurnPolicy:
+        """`turns` with the persona's own words for interruptions, if it has them (its language)."""
+        lexicon = self.persona.lexicon
+        return turns if lexicon is None else replace(turns, lexicon=lexicon)
 
     @staticmethod
     def _usable(turns: TurnPolicy, stages: Stages) -> TurnPolicy:
@@ -217,7 +226,7 @@ class Session:
         echo, playing = self.echo, self.replies.running(turn_id)
         if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
             echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
-        self.apply(self.turns.played(turn_id, played_ms))
+        self.apply(self.turns.played(turn_id, played_ms, None if paused else self.replies.unplayed_after(turn_id, played_ms)))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -244,6 +253,7 @@ class Session:
     async def close(self) -> None:
         """Stop everything this session started, wait for it, and free its engine slot."""
         self.replies.stop_current()
+        self.preempt.close()
         self._early.clear()
         tasks = [t for t in [*self._bg, self.replies.task] if t is not None]
         for task in tasks:
@@ -297,6 +307,7 @@ class Session:
 
     def apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
         """Run what turn-taking asked for (also called by voice.replies as replies end)."""
+        self.preempt.follow(actions)  # the held first phrase: dropped, kept or used (voice.preemption)
         for a in actions:
             if isinstance(a, OpenTurn):
                 self._open_turn(a)
@@ -312,6 +323,8 @@ class Session:
             elif isinstance(a, Join):
                 self._join(a)
             elif isinstance(a, Release):
+                log.info("session %s: speech %d over turn %d's reply was no interruption (%s: %r); it resumes",
+                         self.session_id, a.turn_id, a.reply_turn, a.reason, a.heard)  # fmt: skip
                 self.replies.release(a)
             elif isinstance(a, EndTurn):
                 self._end_turn(a)
@@ -373,7 +386,13 @@ class Session:
             return
         utt.pause()
         joins = utt.trace.info.get("joins")
-        utt.ahead = self.spawn(self.listener.ahead, utt, lambda text: self.messages(text, joins), self.settings.turns.uses_text)
+        utt.ahead = self.spawn(self._ahead, utt, lambda text: self.messages(text, joins))
+
+    async def _ahead(self, utt: Utterance, prompt: Callable[[str], list[tuple[str, str]]]) -> None:
+        """The work ahead of the endpoint (voice.listener), then the reply's first phrase (voice.first_phrase)."""
+        await self.listener.ahead(utt, prompt, self.settings.turns.uses_text)
+        if self.preempt.core.enabled:
+            self.preempt.after_ahead(utt)
 
     async def _check_turn(self, a: CheckTurn) -> None:
         utt = self._hearing(a.turn_id)
@@ -435,6 +454,8 @@ class Session:
             actions = [a for a in actions if not isinstance(a, ReplyTo)]
             self.apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
             self.add_user(text)
+        if not any(isinstance(a, ReplyTo) for a in actions):
+            self.preempt.no_reply(utt.turn_id)
         if not actions:
             utt.discard()
             if self._ended is utt:

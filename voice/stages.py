@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from voice.asr import Transcriber
+from voice.interjection import Lexicon
 from voice.llm_bridge import LlmBridge
 from voice.phrase_audio import PhraseAudioCache
 from voice.reply import VoiceBinding, WorkCounter
@@ -30,6 +31,7 @@ class PersonaSpec:
     tools: tuple[Tool, ...] = ()  # server-side tools its replies may call (voice.tool_turn)
     tool_choice: str = "auto"  # auto | required | none | a tool's name (that tool, every reply)
     tool_filler: str = "One moment."  # said while a tool takes longer than voice.tool_turn.FILLER_AFTER_S
+    lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
 
     @property
     def toolbox(self) -> ToolBox:
@@ -49,6 +51,8 @@ class SessionSettings:
     history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (parley.runtime)
     history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
     server_aec: bool = False  # cancel the replies' echo in the microphone on the server (voice.echo)
+    preemptive_phrase: bool = False  # the reply's first phrase made in the user's pause (voice.first_phrase)
+    preemptive_shed_wait_ms: float = 50.0  # shed it while what users wait for queues longer than this (p95)
 
 
 @dataclass(frozen=True)

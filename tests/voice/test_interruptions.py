@@ -225,3 +225,19 @@ def test_speech_over_the_last_audio_of_a_reply_sent_whole_is_an_interjection_of_
     s2.send(s2.core.reply_ended(1, interrupted=False, audible_ms=200.0))
     s2.silent(600).speak(300)  # after its playback and the echo's tail: a new turn like any other
     assert s2.of(OpenTurn)[0].holds is None and not s2.of(OpenTurn)[0].during_reply
+
+
+def test_a_mark_that_says_a_reply_sent_whole_has_played_ends_its_playback_while_the_audio_clock_stands_still() -> None:
+    # The greeting is sent whole before the user starts the microphone: no audio comes, so the audio clock does not
+    # move while it plays. The client's last mark says all of it played: speech after that is a turn of its own.
+    s = Replying()
+    s.send(s.core.reply_ended(1, interrupted=False, audible_ms=3000.0))
+    assert s.send(s.core.played(1, 2400.0, unplayed_ms=600.0)) == []
+    s.send(s.core.played(1, 3000.0, unplayed_ms=0.0))
+    s.silent(400).speak(300)  # the microphone starts; the user speaks after the echo's tail
+    assert s.of(OpenTurn)[0].holds is None and not s.of(OpenTurn)[0].during_reply
+    s2 = Replying()
+    s2.send(s2.core.reply_ended(1, interrupted=False, audible_ms=3000.0))
+    s2.send(s2.core.played(1, 600.0, unplayed_ms=2400.0))  # still playing: speech now is over it
+    s2.silent(400).speak(300)
+    assert s2.of(OpenTurn)[0].holds == 1

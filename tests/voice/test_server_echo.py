@@ -98,3 +98,24 @@ def test_the_far_end_follows_the_clients_marks_pause_and_clear() -> None:
     assert all(r > 0.09 for r in step(10, 600.0))
     echo.stop()  # cleared: nothing plays, and 1.5 s later the microphone passes untouched again
     assert all(r == 0.0 for r in step(10, 800.0)) and step(5, 2600.0) == []
+
+
+def test_a_microphone_that_never_hears_the_reply_passes_the_users_words_untouched() -> None:
+    # A headset: the reply plays, marks come, and the microphone has only the user on it. AEC3 alone would take a
+    # "yeah" out whole (45 dB down) while it still looks for the echo path; no echo found, nothing is cancelled.
+    far = corpus.speak(REPLY, "piper")
+    user = corpus.speak("Yeah.", "piper-steady")
+    rng = np.random.default_rng(1)
+    mic = rng.normal(0.0, 1e-3, len(far) + 16000).astype(np.float32)  # a quiet room, and no loudspeaker in it
+    s = 3 * 16000
+    mic[s : s + len(user)] += user
+    echo = ServerEcho()
+    echo.sent(7, far)
+    out = []
+    for i in range(0, len(mic) - MESSAGE, MESSAGE):
+        if i % (MESSAGE * 12) == 0:
+            echo.played(7, i / 16.0, i / 16.0)
+        out.append(echo.process(mic[i : i + MESSAGE], i / 16.0))
+    clean = np.concatenate(out)
+    assert np.array_equal(clean[s : s + len(user)], mic[s : s + len(user)])
+    assert echo.presence.correlation is not None and echo.presence.correlation < 0.3

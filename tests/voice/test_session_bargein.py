@@ -148,3 +148,25 @@ async def test_persona_switch_during_a_reply_ends_it_like_a_barge_in_then_greets
         assert not [m for m in h.messages[clear_at:] if m["type"] == "audio" and m["turn_id"] == turn]
         assert h.session.history[-1] == ("assistant", "Hello there, traveller.")
         await wait_for(lambda: h.engine.cancelled == 1, what="the cut reply's engine request to be cancelled")
+
+
+async def test_a_persona_in_another_language_decides_interruptions_by_its_own_words(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from dataclasses import replace
+
+    import fakes
+    from parley.config import DEFAULT_CONFIG, load_config, load_persona
+    from parley.runtime import personas
+    from voice.interjection import Heard, Kind, Lexicon, classify
+
+    cfg = load_config()
+    file = tmp_path / "german.yaml"
+    file.write_text((DEFAULT_CONFIG.parent / "personas" / "assistant.yaml").read_text()
+                    + '\nbackchannels: ["ja", "genau"]\nstop_words: ["halt"]\n')
+    built = personas(cfg.model_copy(update={"persona_defs": {**cfg.persona_defs, "german": load_persona(file, cfg.voices)}}))
+    assert built["german"].lexicon == Lexicon.of(["ja", "genau"], ["halt"]) and built["assistant"].lexicon is None
+    monkeypatch.setitem(fakes.PERSONAS, "german", replace(fakes.PERSONAS["assistant"], name="german", lexicon=built["german"].lexicon))
+    async with Harness(persona="german") as h:
+        heard = lambda text: classify(Heard(text, -0.2, 400.0), [], h.session.turns.policy.lexicon, final=True).kind  # noqa: E731
+        assert (heard("Ja."), heard("Halt!"), heard("Yeah.")) == (Kind.BACKCHANNEL, Kind.STOP, Kind.INTERRUPT)
+        h.session.update(persona="assistant")  # the default words again
+        assert (heard("Ja."), heard("Yeah.")) == (Kind.INTERRUPT, Kind.BACKCHANNEL)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from parley.config import ObservabilityConfig
-from bench._otlp import OtlpReceiver
+from bench._otlp import OtlpGrpcReceiver, OtlpReceiver
 from voice.trace import TurnTrace
-from web.otel.export import Telemetry, export_target, traces_url
+from web.otel.export import Telemetry, export_protocol, export_target, traces_url
 from web.otel.spans import LlmFacts
 
 LLM = LlmFacts("tiny", "parley")
@@ -58,6 +58,35 @@ def test_a_turn_arrives_as_one_tree_with_the_traces_times(receiver: OtlpReceiver
     assert spans["chat tiny"].attributes["gen_ai.usage.output_tokens"] == 5
     assert not any("secret" in str(v) for s in receiver.spans for v in s.attributes.values())
     assert "parley_otel_spans_total{outcome=\"exported\"} 10" in tel.exposition()
+
+
+def test_grpc_export_reaches_a_grpc_collector_with_the_same_tree() -> None:
+    receiver = OtlpGrpcReceiver()
+    try:
+        cfg = ObservabilityConfig(otlp_endpoint=receiver.url, otlp_protocol="grpc", schedule_delay_ms=20,
+                                  headers={"Authorization": "Bearer t"})  # fmt: skip
+        tel = Telemetry(cfg, LLM, env={})
+        assert tel.target == receiver.url  # the address as it is: no /v1/traces on a gRPC endpoint
+        tel.session_opened("s1")
+        tel.turn(finished_turn(1))
+        tel.session_closed("s1")
+        receiver.wait(lambda r: len(r.spans) == SPANS_PER_TURN + 1)
+        tel.shutdown()
+        spans = {s.name: s for s in receiver.spans}
+        assert spans["parley.turn"].parent_id == spans["parley.session"].span_id and receiver.requests >= 1
+        assert tel.counts.exported == SPANS_PER_TURN + 1
+    finally:
+        receiver.close()
+
+
+def test_the_protocol_comes_from_the_config_else_the_standard_variables() -> None:
+    http, grpc = ObservabilityConfig(), ObservabilityConfig(otlp_protocol="grpc")
+    assert export_protocol(http, {}) == "http/protobuf" and export_protocol(grpc, {}) == "grpc"
+    assert export_protocol(http, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == "grpc"
+    assert export_protocol(http, {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) == "grpc"
+    assert export_protocol(grpc, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) == "grpc"  # the config wins
+    assert export_protocol(http, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) == "http/protobuf"  # said in the log
+    assert export_target(ObservabilityConfig(otlp_endpoint="http://c:4317", otlp_protocol="grpc"), {}) == "http://c:4317"
 
 
 def test_a_collector_that_never_answers_costs_a_bounded_queue_and_counted_drops() -> None:

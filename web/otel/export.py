@@ -1,4 +1,4 @@
-"""Turn span trees (web.otel.spans) out over OTLP/HTTP with the OpenTelemetry SDK: one span per session, its turns
+"""Turn span trees (web.otel.spans) out over OTLP (HTTP/protobuf or gRPC) with the OpenTelemetry SDK: one span per session, its turns
 below it. Off unless an endpoint is configured. Nothing here waits on the collector: spans go to a bounded queue that
 a background thread drains; past the bound new spans are dropped and counted (docs/observability.md).
 """
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+PROTOCOLS = ("http/protobuf", "grpc")
 
 
 def traces_url(endpoint: str) -> str:
@@ -29,12 +31,27 @@ def traces_url(endpoint: str) -> str:
     return endpoint.rstrip("/") + "/v1/traces" if urlsplit(endpoint).path in ("", "/") else endpoint
 
 
+def export_protocol(cfg: ObservabilityConfig, env: Mapping[str, str]) -> str:
+    """http/protobuf or grpc: the config's, else the standard variables' (an unknown one is said and not used)."""
+    if cfg.otlp_protocol is not None:
+        return cfg.otlp_protocol
+    for key in ENV_PROTOCOLS:
+        value = env.get(key, "").strip().lower()
+        if value in PROTOCOLS:
+            return value
+        if value:
+            log.warning("%s=%s is not an OTLP protocol Parley exports (%s): using http/protobuf", key, value, ", ".join(PROTOCOLS))
+            break
+    return "http/protobuf"
+
+
 def export_target(cfg: ObservabilityConfig, env: Mapping[str, str]) -> str | None:
-    """Where spans go: the config's endpoint, else the standard variables' ("env"), else None (export off)."""
+    """Where spans go: the config's endpoint (OTLP/HTTP's traces path added to a base URL; gRPC takes the address as
+    it is), else the standard variables' ("env"), else None (export off)."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     if cfg.otlp_endpoint:
-        return traces_url(cfg.otlp_endpoint)
+        return cfg.otlp_endpoint if export_protocol(cfg, env) == "grpc" else traces_url(cfg.otlp_endpoint)
     return "env" if any(env.get(k) for k in ENV_ENDPOINTS) else None
 
 
@@ -56,6 +73,7 @@ class Telemetry:
         self.counts = SpanCounts()
         env = os.environ if env is None else env
         self.target = export_target(cfg, env)
+        self.protocol = export_protocol(cfg, env)
         # the standard variable names the process when set (one config shared by differently named processes)
         self.service_name = env.get("OTEL_SERVICE_NAME") or cfg.service_name
         self._sessions: dict[str, Span] = {}
@@ -80,20 +98,24 @@ class Telemetry:
         return self._tracer
 
     def _start(self) -> None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        if self.protocol == "grpc":  # (http:// is a plaintext channel, https:// TLS)
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
         cfg = self.cfg
-        exporter = OTLPSpanExporter(endpoint=None if self.target == "env" else self.target, headers=cfg.headers or None,
+        headers = {k.lower(): v for k, v in cfg.headers.items()} if self.protocol == "grpc" else cfg.headers  # gRPC metadata keys are lowercase
+        exporter = OTLPSpanExporter(endpoint=None if self.target == "env" else self.target, headers=headers or None,
                                     timeout=cfg.export_timeout_s)  # fmt: skip
         provider = TracerProvider(resource=Resource.create({"service.name": self.service_name}),
                                   sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))  # fmt: skip
         provider.add_span_processor(_bounded_processor(exporter, cfg, self.counts))
         self._provider = provider
         self._tracer = provider.get_tracer("parley")
-        log.info("OpenTelemetry export to %s (sampling %.2f)", self.target, cfg.sample_ratio)
+        log.info("OpenTelemetry export to %s over %s (sampling %.2f)", self.target, self.protocol, cfg.sample_ratio)
 
     # -- from the sessions (event loop; each call only builds spans and queues them) --------------------------
 

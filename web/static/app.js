@@ -105,7 +105,11 @@ const handlers = {
     hearing = true;
     if (!$("partial").textContent) ui.setPartial("…");
     // Speech under a reply: the server holds it too and decides from the words (a backchannel resumes it).
-    if (msg.holds !== undefined && !cancelled.has(msg.holds)) holdReply(msg.holds, performance.now(), true);
+    // (Only what still plays here: a reply this page has finished playing has nothing left to hold.)
+    const audible = player.state.held || player.state.playing || player.state.buffered > 0;
+    if (msg.holds !== undefined && !cancelled.has(msg.holds) && audible && player.state.turnId === msg.holds) {
+      holdReply(msg.holds, performance.now(), true);
+    }
   },
   "turn.joined"(msg) {
     joining = msg.joins;
