@@ -230,7 +230,7 @@ class PersonaTool(_Strict):
     cancellable: bool = True  # a barge-in cancels the call (False: it runs to its end; its result is dropped)
 
 
-# on unless a persona says otherwise (`tools: []`): the time, arithmetic, a timer that speaks when due
+# what ships for a voice assistant: the time, arithmetic, a timer that speaks when due (`tools: default`)
 DEFAULT_TOOLS = ("voice.builtin_tools:current_time", "voice.builtin_tools:calculate", "voice.timers:set_timer")
 
 
@@ -243,7 +243,9 @@ class Persona(_Strict):
     speaking_rate: float = Field(1.0, ge=0.5, le=2.0)
     max_reply_tokens: int = Field(120, ge=1, le=2048)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
-    tools: tuple[str | PersonaTool, ...] = DEFAULT_TOOLS  # module:function, or {function, timeout_s, cancellable}
+    # module:function, or {function, timeout_s, cancellable}; "default" stands for DEFAULT_TOOLS. Off unless listed:
+    # tools in the prompt lengthen it ~8x for the embedded model, and every latency number so far was measured without
+    tools: tuple[str | PersonaTool, ...] = ()
     tool_choice: str = "auto"  # auto | required | none | one tool's function name (called in every reply)
     tool_filler: str = Field("One moment.", min_length=1, max_length=200)  # said while a tool runs over ~300 ms
     # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list

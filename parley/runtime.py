@@ -79,14 +79,19 @@ def persona_tools(name: str, p: Any) -> tuple[Any, ...]:
     from parley.config import ConfigError, PersonaTool
     from voice.tool_registry import load
 
+    from parley.config import DEFAULT_TOOLS
+
     tools = []
-    for i, entry in enumerate(p.tools):
+    entries = [e for entry in p.tools for e in (DEFAULT_TOOLS if entry == "default" else (entry,))]
+    for i, entry in enumerate(entries):
         t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
         try:
             tools.append(load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable))
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"persona {name}: tools[{i}]: {exc}") from None
     names = [t.spec.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"persona {name}: tools: two tools of one name ({', '.join(names)})")
     if p.tool_choice not in ("auto", "required", "none", *names):
         raise ConfigError(f"persona {name}: tool_choice: {p.tool_choice!r} is none of auto, required, none, {', '.join(names)}")
     return tuple(tools)

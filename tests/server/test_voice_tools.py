@@ -33,7 +33,7 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int,
     path = write_test_config(root)
     persona = root / "configs" / "personas" / "assistant.yaml"
     data = yaml.safe_load(persona.read_text())
-    persona.write_text(yaml.safe_dump({**data, "tool_choice": "current_time", "max_reply_tokens": 30}))
+    persona.write_text(yaml.safe_dump({**data, "tools": ["default"], "tool_choice": "current_time", "max_reply_tokens": 30}))
     cfg = load_config(path)
     runtime = rt.load_and_warm(cfg)
     app = create_app(cfg, runtime=runtime)

@@ -178,3 +178,22 @@ def test_a_remote_llm_gets_a_tool_round_as_plain_messages() -> None:
     assert _pair(ChatMessage("tool", "The current_time tool says: noon", tool_call_id="call_1")) == (
         "user", "The current_time tool says: noon")
     assert _pair(ChatMessage("user", "hi")) == ("user", "hi")
+
+
+def test_persona_tools_from_the_config() -> None:
+    from parley.config import ConfigError, Persona
+    from parley.runtime import persona_tools
+
+    def persona_of(**more: object) -> Persona:
+        return Persona(name="p", display_name="P", system_prompt="Hi.", voice="joe", **more)  # type: ignore[arg-type]
+
+    assert persona_tools("p", persona_of()) == ()  # off unless listed
+    tools = persona_tools("p", persona_of(tools=("default", {"function": "test_tool_turn:boom", "timeout_s": 2,
+                                                           "cancellable": False}), tool_choice="boom"))  # fmt: skip
+    assert [t.spec.name for t in tools] == ["current_time", "calculate", "set_timer", "boom"]
+    assert tools[-1].timeout_s == 2 and not tools[-1].cancellable and "seconds" in tools[2].spec.parameters
+    for bad, says in (({"tools": ("voice.builtin_tools:nothing",)}, "tools\\[0\\]"),
+                      ({"tools": ("default", "voice.builtin_tools:calculate")}, "two tools of one name"),
+                      ({"tools": ("default",), "tool_choice": "weather"}, "tool_choice")):  # fmt: skip
+        with pytest.raises(ConfigError, match=says):
+            persona_tools("p", persona_of(**bad))
