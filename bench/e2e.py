@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import _prompts, _stats
+from bench import _preempt, _prompts, _stats
 from bench._client import Prompt, ScriptedSession, TurnResult
 from bench._server import ResourceSampler, add_server_args, machine, open_server
 
@@ -73,6 +73,8 @@ def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict
           + (", ".join(f"{s} {n}" for s, n in over.most_common()) or "none"))
     wer = _prompts.wer([t.prompt for t in turns], [t.transcript for t in turns])
     print(f"Transcript WER: {'-' if wer is None else f'{wer:.3f}'} over {len(turns)} turns")
+    preemptive = _preempt.summary(t.trace for t in turns)
+    print(_preempt.line(preemptive))
     failed = [t for t in turns if t.error]
     print(f"Turns without a trace or reply: {len(failed)}; server error messages: {len(errors)}")
     for t in failed:
@@ -81,7 +83,7 @@ def report(turns: list[TurnResult], budgets: dict[str, float], errors: list[dict
     rows = [[t.index + 1, t.voice, _stats.fmt_ms((t.trace or {}).get("stages_ms", {}).get("voice_to_voice")),
              _stats.fmt_ms(t.client_v2v_ms), t.prompt[:34], t.transcript[:34]] for t in turns]
     print(table(("#", "voice", "v2v ms", "client ms", "said", "heard"), rows))
-    return {"summary": summary, "violations": dict(over), "wer": wer, "failed_turns": len(failed),
+    return {"summary": summary, "violations": dict(over), "wer": wer, "failed_turns": len(failed), "preemptive": preemptive,
             "server_errors": errors}
 
 

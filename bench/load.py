@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import _prompts, _stats, corpus
+from bench import _preempt, _prompts, _stats, corpus
 from bench._client import Prompt, ScriptedSession, TurnResult
 from bench._server import ROOT, ResourceSampler, add_server_args, machine, open_server, start_server
 from bench.parley_process import ParleyProcess
@@ -181,7 +181,8 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "holds_all": not errors and all(_stats.holds_budget(summary[s]) for s in budgets if summary.get(s, {}).get("n")),
             "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), "refused": refused,
             "queue_ms": queue_waits(turns), "reply_gaps": reply_gaps(turns), "partials_run": partials[0] if partials else None,
-            "partials_skipped": partials[1] if partials else None, **res}
+            "partials_skipped": partials[1] if partials else None, "preemptive": _preempt.summary(t.trace for t in turns),
+            **res}
 
 
 def open_split(args: argparse.Namespace, out: Path, sets: tuple[str, ...]) -> tuple[list[str], list[ParleyProcess]]:
@@ -366,6 +367,8 @@ def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool
     held_all = [r["sessions"] for r in rows if r["holds_all"]]
     print(f"Most sessions holding the voice_to_voice budget at p95 with no errors: {max(held, default=0)}; "
           f"holding every stage's budget at p95: {max(held_all, default=0)}")
+    for r in rows:
+        print(f"  [{r['sessions']} sessions] {_preempt.line(r['preemptive'])}")
     for r in rows:
         for e in r["error_list"][:3]:
             print(f"  [{r['sessions']} sessions] {e}")

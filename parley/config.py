@@ -45,7 +45,7 @@ class VadConfig(_Strict):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     webrtc_aggressiveness: int = Field(2, ge=0, le=3)
     min_speech_ms: int = Field(120, ge=0)
-    ahead_silence_ms: int = Field(64, ge=0)  # silence before the final recognition starts, ahead of the endpoint
+    ahead_silence_ms: int = Field(32, ge=0)  # silence before the final recognition starts, ahead of the endpoint
     turn_detection: Literal["fixed", "smart_turn", "text", "combined"] = "combined"
     hangover_ms: int = Field(500, ge=0)  # fixed: the silence that ends a turn
     turn_check_ms: int = Field(160, ge=0)  # the others: the silence that starts an end-of-turn check
@@ -64,6 +64,10 @@ class VadConfig(_Strict):
     server_aec: bool = True  # take the replies' echo out of the microphone on the server (WebRTC AEC3, voice/echo.py)
     rejoin_window_ms: int = Field(1000, ge=0)
     max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
+    # the reply's first phrase decoded and synthesised in the pause, held until the endpoint (voice/first_phrase.py);
+    # shed while the shared stages' waited jobs queue longer than preemptive_shed_wait_ms (p95) or others use the engine
+    preemptive_phrase: bool = True
+    preemptive_shed_wait_ms: float = Field(50.0, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":

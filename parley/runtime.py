@@ -103,6 +103,8 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         output_sample_rate=output_sample_rate(cfg),
         audio_lead_ms=1000.0 * cfg.server.audio_lead_s,
         server_aec=cfg.vad.server_aec,
+        preemptive_phrase=cfg.vad.preemptive_phrase,
+        preemptive_shed_wait_ms=cfg.vad.preemptive_shed_wait_ms,
     )
     return SessionSettings(**{**base.__dict__, **overrides})
 

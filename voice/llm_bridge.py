@@ -139,6 +139,11 @@ class LlmBridge:
     def active_slots(self) -> int:
         return int(self.engine.active_slots())
 
+    def other_requests(self, session_id: str) -> int:
+        """Requests of other sessions in the engine now (queued, running or held): is it busy for anyone else?"""
+        count = getattr(self.engine, "requests_besides", None)
+        return 0 if count is None else int(count(session_id))
+
     def prefix_cache_counts(self) -> tuple[int, int]:
         """(requests that copied a prompt prefix from another session's slot, tokens those copies saved)."""
         return int(getattr(self.engine, "prefix_hits", 0)), int(getattr(self.engine, "prefix_tokens", 0))

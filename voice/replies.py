@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, suppress
 
 from voice.audio import SAMPLE_RATE, resample
+from voice.first_phrase import HeldPhrase
 from voice.history import reply_content
 from voice.interjection import words
 from voice.listener import Utterance
-from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
 from voice.trace import TurnTrace, now_ns
@@ -129,6 +130,7 @@ class Replies:
         s = self.s
         async with self._start_lock:  # at most one reply: the one before is stopped and waited for
             if s.turns.replying_to != a.turn_id:
+                s.preempt.unused(a.turn_id)
                 return  # a newer reply was asked for before this one could start
             task = self.task
             self.stop_current()  # told to stop when this reply was asked for, unless it had not started then
@@ -155,9 +157,14 @@ class Replies:
             trace.texts["user"] = a.text
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
+            held = await s.preempt.take(a.turn_id, messages) if a.kind == "voice" else None
+            trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
-            deltas = self._llm_deltas(messages, trace, utt, call)
-            self._launch(self._reply_for(a.turn_id, trace), deltas, trace, lambda on: call and call[0].hold(on))
+            deltas = self._llm_deltas(messages, trace, utt, call, held)
+            reply = self._reply_for(a.turn_id, trace)
+            if held is not None:
+                reply.phrase_cache = held.audio  # the first phrase's audio, made in the pause
+            self._launch(reply, deltas, trace, lambda on: call and call[0].hold(on))
 
     def _reply_for(self, turn_id: int, trace: TurnTrace | None) -> Reply:
         s = self.s
@@ -248,16 +255,23 @@ class Replies:
         self.s.on_trace(trace)
 
     async def _llm_deltas(
-        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall]
+        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
+        held: HeldPhrase | None = None,
     ) -> AsyncIterator[str]:
+        """The reply's text: from its own engine request, or from the one made ahead (`held`), continued."""
         s = self.s
         persona = s.persona
         llm_start_ns = trace.mark("llm_start")
-        events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
-                                       temperature=persona.temperature)  # fmt: skip
+        replay: AsyncIterator[LlmEvent]
+        if held is not None and held.call is not None:
+            events, replay = held.call, held.replay()
+        else:
+            events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
+                                           temperature=persona.temperature)  # fmt: skip
+            replay = events
         call.append(events)
         async with aclosing(events):
-            async for event in events:
+            async for event in replay:
                 if isinstance(event, LlmToken):
                     trace.mark("llm_first_token")
                     yield event.text

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from voice.echo import ServerEcho
+from voice.first_phrase import FirstPhrases
 from voice.history import History
 from voice.outbox import Outbox
 from voice.stages import PersonaSpec, SessionSettings, Stages
@@ -27,6 +28,7 @@ class ReplyHost(Protocol):
     task_group: asyncio.TaskGroup | None  # the session's tasks, while it runs
     on_trace: Callable[[TurnTrace], None]
     echo: ServerEcho | None  # the echo canceller the replies' audio is the far end of
+    preempt: FirstPhrases  # the reply's first phrase made in the user's pause, held for the endpoint
 
     @property
     def persona(self) -> PersonaSpec: ...

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from voice.echo import ServerEcho, aec_available
+from voice.first_phrase import FirstPhrases
 from voice.history import History
 from voice.interjection import Heard
 from voice.listener import Listener, Overloaded, Utterance
@@ -91,6 +92,7 @@ class Session:
         self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
         self.listener.echo = self.echo
         self.replies = Replies(self)
+        self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
         self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
         self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
         self._bg: set[asyncio.Task[Any]] = set()
@@ -240,6 +242,7 @@ class Session:
     async def close(self) -> None:
         """Stop everything this session started, wait for it, and free its engine slot."""
         self.replies.stop_current()
+        self.preempt.close()
         self._early.clear()
         tasks = [t for t in [*self._bg, self.replies.task] if t is not None]
         for task in tasks:
@@ -292,6 +295,7 @@ class Session:
 
     def apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
         """Run what turn-taking asked for (also called by voice.replies as replies end)."""
+        self.preempt.follow(actions)  # the held first phrase: dropped, kept or used (voice.preemption)
         for a in actions:
             if isinstance(a, OpenTurn):
                 self._open_turn(a)
@@ -370,7 +374,13 @@ class Session:
             return
         utt.pause()
         joins = utt.trace.info.get("joins")
-        utt.ahead = self.spawn(self.listener.ahead, utt, lambda text: self.messages(text, joins), self.settings.turns.uses_text)
+        utt.ahead = self.spawn(self._ahead, utt, lambda text: self.messages(text, joins))
+
+    async def _ahead(self, utt: Utterance, prompt: Callable[[str], list[tuple[str, str]]]) -> None:
+        """The work ahead of the endpoint (voice.listener), then the reply's first phrase (voice.first_phrase)."""
+        await self.listener.ahead(utt, prompt, self.settings.turns.uses_text)
+        if self.preempt.core.enabled:
+            self.preempt.after_ahead(utt)
 
     async def _check_turn(self, a: CheckTurn) -> None:
         utt = self._hearing(a.turn_id)
@@ -432,6 +442,8 @@ class Session:
             actions = [a for a in actions if not isinstance(a, ReplyTo)]
             self.apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
             self.add_user(text)
+        if not any(isinstance(a, ReplyTo) for a in actions):
+            self.preempt.no_reply(utt.turn_id)
         if not actions:
             utt.discard()
             if self._ended is utt:

@@ -18,6 +18,8 @@ audio already queued runs out; a partial transcript is only a courtesy on the sc
 - a partial still queued after `partial_max_wait_ms` is dropped (by then the session has new audio and the
   next partial covers it), and a new partial from the same session replaces a queued one (coalesced): when
   the machine is behind, partials thin out instead of piling up;
+- the preemptive first phrase (AHEAD: work for a turn not ended yet, thrown away if the user goes on) runs after
+  everything else, as background work;
 - a worker that starts a batchable job (a final transcript) takes the others of its kind queued behind it
   along (`take_like`).
 """
@@ -35,6 +37,10 @@ class Priority(IntEnum):
     WAITED = 0  # a user waits on it now: a final transcript, an end-of-turn check, a reply's first phrase
     NEXT = 1  # a reply's later phrases
     PARTIAL = 2  # a partial transcript
+    AHEAD = 3  # work for a turn not ended yet that may be thrown away: the preemptive first phrase (voice.first_phrase)
+
+
+BACKGROUND = (Priority.NEXT, Priority.PARTIAL, Priority.AHEAD)  # never on the last free worker
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ class StageQueue:
             queue = self._queues[priority]
             if not queue:
                 continue
-            if priority is not Priority.WAITED and self._running(Priority.NEXT, Priority.PARTIAL) >= self.policy.background_workers:
+            if priority is not Priority.WAITED and self._running(*BACKGROUND) >= self.policy.background_workers:
                 break
             if priority is Priority.PARTIAL and (
                 self._running(Priority.PARTIAL) >= self.policy.partial_workers

@@ -43,6 +43,8 @@ class SessionSettings:
     history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (parley.runtime)
     history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
     server_aec: bool = False  # cancel the replies' echo in the microphone on the server (voice.echo)
+    preemptive_phrase: bool = False  # the reply's first phrase made in the user's pause (voice.first_phrase)
+    preemptive_shed_wait_ms: float = 50.0  # shed it while what users wait for queues longer than this (p95)
 
 
 @dataclass(frozen=True)

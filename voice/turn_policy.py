@@ -26,7 +26,7 @@ class TurnPolicy:
 
     detection: str = "combined"
     min_speech_ms: float = 120.0  # voiced time before a turn starts
-    ahead_silence_ms: float = 64.0  # silence before the work ahead starts: the recogniser hears the last word's tail
+    ahead_silence_ms: float = 32.0  # silence before the work ahead starts: the recogniser hears the last word's tail
     hangover_ms: float = 500.0
     turn_check_ms: float = 160.0
     max_hangover_ms: float = 1000.0

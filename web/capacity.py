@@ -2,7 +2,10 @@
 split among the sessions in it, plus the worker time of its recognition and synthesis; a moving average) summed,
 plus what a newcomer is expected to cost, against the cores.
 
-Pure: the caller hands in each session's cumulative busy core-seconds and the time; no clock, no I/O. A session
+Pure: the caller hands in each session's cumulative busy core-seconds, the process's CPU seconds and the time; no
+clock, no I/O. Busy time is wall time of a job or an engine step, which a shared core stretches (a job waiting for a
+core is not working); the process's own CPU time is what the sessions really used, so the sum of the sessions' loads
+is scaled down to it when it is the smaller (never up). A session
 not yet measured counts as a heavy one (`session_cores`, from bench/load.py's measured sessions per core), so a
 burst of arrivals cannot overshoot before anything is known; a measured one counts as what it really costs, so
 listeners and readers leave room that talkers would not.
@@ -27,25 +30,36 @@ class LoadMeter:
     tau_s: float = 10.0
     min_age_s: float = 2.0  # measured for less than this: not known yet (counts as heavy)
     _seen: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)  # key -> (first_s, busy_s, at_s, cores)
+    scale: float = 1.0  # the last observation's wall-to-CPU correction (<= 1), for the log and the tests
 
-    def observe(self, busy_s: Mapping[str, float], now_s: float) -> dict[str, float | None]:
-        """busy_s: each live session's cumulative busy core-seconds. -> its load in cores (None: not known yet).
-        Sessions missing from `busy_s` are forgotten."""
-        loads: dict[str, float | None] = {}
-        for key, busy in busy_s.items():
-            first, last_busy, at, cores = self._seen.get(key, (now_s, busy, now_s, 0.0))
-            dt = now_s - at
-            if dt > 0:
-                weight = 1.0 - math.exp(-dt / self.tau_s)
-                cores += weight * (max(0.0, busy - last_busy) / dt - cores)
-                last_busy, at = busy, now_s
-            self._seen[key] = (first, last_busy, at, cores)
-            # before tau_s has passed the average is still warming from zero: scale it up to what it has seen
-            age = now_s - first
-            loads[key] = None if age < self.min_age_s else cores / (1.0 - math.exp(-age / self.tau_s))
-        for key in [k for k in self._seen if k not in busy_s]:
+    def observe(self, busy_s: Mapping[str, float], now_s: float, cpu_s: float | None = None) -> dict[str, float | None]:
+        """busy_s: each live session's cumulative busy core-seconds; cpu_s: the process's cumulative CPU seconds (None:
+        not known). -> each session's load in cores (None: not known yet). Sessions missing from `busy_s` are forgotten."""
+        loads: dict[str, float | None] = {key: self._average(key, busy, now_s) for key, busy in busy_s.items()}
+        for key in [k for k in self._seen if k not in busy_s and k != _PROCESS]:
             del self._seen[key]
+        self.scale = 1.0
+        used = None if cpu_s is None else self._average(_PROCESS, cpu_s, now_s)
+        measured = sum(v for v in loads.values() if v is not None)
+        if used is not None and measured > used:
+            self.scale = used / measured
+            loads = {k: None if v is None else v * self.scale for k, v in loads.items()}
         return loads
+
+    def _average(self, key: str, busy: float, now_s: float) -> float | None:
+        first, last_busy, at, cores = self._seen.get(key, (now_s, busy, now_s, 0.0))
+        dt = now_s - at
+        if dt > 0:
+            weight = 1.0 - math.exp(-dt / self.tau_s)
+            cores += weight * (max(0.0, busy - last_busy) / dt - cores)
+            last_busy, at = busy, now_s
+        self._seen[key] = (first, last_busy, at, cores)
+        # before tau_s has passed the average is still warming from zero: scale it up to what it has seen
+        age = now_s - first
+        return None if age < self.min_age_s else cores / (1.0 - math.exp(-age / self.tau_s))
+
+
+_PROCESS = "\0process"  # the meter's key for the process's CPU time (no session id looks like it)
 
 
 @dataclass(frozen=True)

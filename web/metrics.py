@@ -73,6 +73,8 @@ class Metrics:
         self.sessions_total = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep_traces)
         self._v2v: deque[tuple[float, float]] = deque(maxlen=500)  # (monotonic s, voice_to_voice ms) of recent turns
+        self.preemptive: Counter[str] = Counter()  # hit | miss | shed | dropped -> voice turns (voice/first_phrase.py)
+        self.preemptive_waste: Counter[str] = Counter()  # tokens, tts_ms: preemptive work thrown away
 
     def session_opened(self) -> None:
         with self._lock:
@@ -97,6 +99,11 @@ class Metrics:
             for stage in trace["over_budget"]:
                 self.over_budget[stage] += 1
             self.recent.append(trace)
+            if "preemptive" in trace:
+                self.preemptive[str(trace["preemptive"])] += 1
+                waste = trace.get("preemptive_waste") or {}
+                self.preemptive_waste["tokens"] += int(waste.get("tokens", 0))
+                self.preemptive_waste["tts_ms"] += float(waste.get("tts_ms", 0.0))
             if "voice_to_voice" in trace["stages_ms"]:
                 self._v2v.append((time.monotonic(), float(trace["stages_ms"]["voice_to_voice"])))
         if trace["over_budget"]:
@@ -153,6 +160,14 @@ class Metrics:
             lines.append(f"parley_active_sessions {self.active_sessions}")
             head("parley_sessions_total", "counter", "Sessions started since the server started.")
             lines.append(f"parley_sessions_total {self.sessions_total}")
+            head("parley_preemptive_total", "counter", "Voice turns by whether the reply's first phrase, made in the "
+                 "pause, was ready at the endpoint (hit), not yet (miss), skipped for load (shed) or thrown away (dropped).")
+            for outcome in ("hit", "miss", "shed", "dropped"):
+                lines.append(f'parley_preemptive_total{{outcome="{outcome}"}} {self.preemptive[outcome]}')
+            head("parley_preemptive_wasted_tokens_total", "counter", "Reply tokens decoded in a pause and thrown away.")
+            lines.append(f"parley_preemptive_wasted_tokens_total {int(self.preemptive_waste['tokens'])}")
+            head("parley_preemptive_wasted_tts_ms_total", "counter", "Synthesis milliseconds spent in a pause and thrown away.")
+            lines.append(f"parley_preemptive_wasted_tts_ms_total {self.preemptive_waste['tts_ms']:.3f}")
             head("parley_errors_total", "counter", "Error messages sent to clients, by code.")
             for code in sorted(self.errors):
                 lines.append(f'parley_errors_total{{code="{code}"}} {self.errors[code]}')

@@ -96,4 +96,4 @@ class AppState:
         runner = self.runtime.stages.runner if self.runtime is not None else None
         stage_busy = dict(getattr(runner, "busy_s", {}))
         busy = {sid: engine_busy.get(sid, 0.0) + stage_busy.get(sid, 0.0) for sid in self.sessions}
-        return self.meter.observe(busy, time.monotonic() if now_s is None else now_s)
+        return self.meter.observe(busy, time.monotonic() if now_s is None else now_s, time.process_time())

@@ -49,6 +49,9 @@ def test_e2e_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     assert result["budgets_ms"]["voice_to_voice"] > 0
     assert chart.read_bytes()[:4] == b"\x89PNG"
     assert "voice_to_voice" in proc.stdout and "Transcript WER" in proc.stdout
+    pre = result["preemptive"]  # the shipped config makes the first phrase in the pause: every voice turn says how it went
+    assert pre["turns"] == 2 == sum(pre[o] for o in ("hit", "miss", "shed", "dropped")), pre
+    assert [t["trace"]["preemptive"] for t in turns].count("hit") == pre["hit"] and "Preemptive first phrase" in proc.stdout
 
 
 def test_load_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
@@ -69,6 +72,8 @@ def test_load_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     # longest of all did
     assert gaps["stalled"] in (0, 1, 2) and (gaps["stalled"] > 0) == (gaps["max_ms"] >= GAP_MS), gaps
     assert all(column in proc.stdout for column in ("Concurrent sessions", "partials run/dropped", "stalled replies"))
+    pre = level["preemptive"]  # hit, missed, shed for load or dropped: each turn is one of them
+    assert pre["turns"] == 2 == sum(pre[o] for o in ("hit", "miss", "shed", "dropped")), pre
 
 
 def test_load_tiny_scheduling_before_and_after(tmp_path: Path) -> None:

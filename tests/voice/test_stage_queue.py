@@ -125,7 +125,7 @@ def test_cancel_takes_a_queued_job_out_but_not_a_running_one() -> None:
     assert not q.cancel(running)
     assert q.cancel(queued) and q.cancel(partial)
     assert not q.cancel(queued)
-    assert q.depth() == {W: 0, N: 0, P: 0}
+    assert q.depth() == {W: 0, N: 0, P: 0, Priority.AHEAD: 0}
     q.submit(job(P, "c"))  # its session may queue a partial again
     assert q.depth()[P] == 1
 

@@ -73,3 +73,25 @@ def test_a_burst_of_unmeasured_arrivals_counts_each_as_heavy() -> None:
             admitted += 1
     assert admitted == 8
     assert model.refusal({}) is None  # an empty server always takes one
+
+
+def test_wall_time_that_a_shared_core_stretched_is_scaled_down_to_the_cpu_the_process_used() -> None:
+    # Eight sessions whose jobs' wall time says 0.3 cores each (2.4: "full"), while the process used 1.6 cores of CPU:
+    # the jobs waited for cores, they did not work. Their loads are scaled to what they used, and one more fits.
+    meter, model = LoadMeter(tau_s=10.0), CostModel(cores=2.0, session_cores=HEAVY)
+    busy = {f"s{i}": 0.0 for i in range(8)}
+    cpu = 0.0
+    for t in range(1, 40):
+        busy = {k: v + 0.3 for k, v in busy.items()}
+        cpu += 1.6
+        loads = meter.observe(busy, float(t), cpu)
+    assert meter.scale == pytest.approx(1.6 / 2.4, rel=0.02)
+    assert model.committed(loads) == pytest.approx(1.6, rel=0.02) and model.refusal(loads) is None
+    unscaled = LoadMeter(tau_s=10.0)
+    for t in range(40):  # the same sessions without the process's CPU time: refused, as before
+        loads = unscaled.observe({k: 0.3 * t for k in busy}, float(t))
+    assert model.refusal(loads) is not None
+    used_more = LoadMeter(tau_s=10.0)  # the process used more than the jobs' wall time (threads inside a job): never scaled up
+    for t in range(40):
+        loads = used_more.observe({k: 0.2 * t for k in busy}, float(t), 2.0 * t)
+    assert used_more.scale == 1.0 and model.committed(loads) == pytest.approx(1.6, rel=0.02)
