@@ -1,6 +1,7 @@
 """The audio of a WebRTC call (aiortc; Opus through PyAV): the reply as an outgoing track that hands the encoder
-one 20 ms frame at 48 kHz per 20 ms of wall time (silence between replies), whose queue a barge-in clears and
-which says how much of each reply it has played; and the microphone track read into 16 kHz mono for the session.
+one 20 ms frame at 48 kHz per 20 ms of wall time (silence between replies; a reply up to 120 ms ahead,
+web.webrtc_pacing), whose queue a barge-in clears and which says how much of each reply it has played; and the
+microphone track read into 16 kHz mono for the session, lost packets concealed (web.webrtc_loss).
 """
 from __future__ import annotations
 
