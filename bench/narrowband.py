@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--styles", default="comma,split")
     p.add_argument("--paused", type=int, default=18)
     p.add_argument("--complete", type=int, default=22)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (vad.* keys, models.asr.beam_size)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides (vad.* keys, models.asr.beam_size)")
     p.add_argument("--out", default="artifacts/bench/narrowband.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="two paused and two whole requests, one voice, one detector")
