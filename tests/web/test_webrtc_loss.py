@@ -147,3 +147,27 @@ def test_the_pacer_keeps_a_steady_clock_and_runs_a_reply_ahead_by_its_lead() -> 
     assert late == pytest.approx(100.0 + 10 * 0.02 - 0.1)
     # silence after the reply waits for the clock: the lead is given back
     assert p.due_s(100.5, audio=False) == pytest.approx(100.22)
+
+
+def test_an_answering_peer_connections_audio_receiver_gets_the_skipping_buffer() -> None:
+    """The hook into aiortc's receiver (a private attribute, aiortc pinned) still finds its JitterBuffer."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    from web.webrtc_loss import JITTER_BUFFER_ATTR, skip_lost_packets
+
+    async def go() -> tuple[int, int, object]:
+        caller, answerer = (RTCPeerConnection(RTCConfiguration(iceServers=[])) for _ in range(2))  # no STUN
+        try:
+            caller.addTransceiver("audio", direction="sendrecv")
+            await caller.setLocalDescription(await caller.createOffer())
+            await answerer.setRemoteDescription(caller.localDescription)
+            first, again = skip_lost_packets(answerer), skip_lost_packets(answerer)
+            receiver = answerer.getTransceivers()[0].receiver
+            return first, again, getattr(receiver, JITTER_BUFFER_ATTR)
+        finally:
+            await caller.close()
+            await answerer.close()
+
+    first, again, buffer = asyncio.run(go())
+    assert (first, again) == (1, 0) and isinstance(buffer, SkippingJitterBuffer)
+    assert (buffer.capacity, buffer._prefetch) == (16, 4)  # aiortc's own sizes kept
