@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from bench.llm_batch import aggregate_throughput  # noqa: E402
 from bench.llm_kv import kv_table  # noqa: E402
-from bench.llm_models import persona_table, shapes_table  # noqa: E402
+from bench.llm_models import gemma3_table, persona_table, shapes_table  # noqa: E402
 from bench.model_shapes import SHAPES  # noqa: E402
 from bench.llm_speed import (  # noqa: E402
     copy_bandwidth_gb_s,
@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--persona-sessions", type=int, default=6, help="new sessions in the persona table (0: skip it)")
     ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
     ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
+    ap.add_argument("--gemma3", type=int, default=0, help="alternating runs for the real Gemma 3 270M table (0: skip it)")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
@@ -217,6 +218,8 @@ def main() -> None:
 
         names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
         shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder)
+    if args.gemma3:
+        gemma3_table(args.gemma3, llama_cpp=not args.skip_llama_cpp)
 
 
 if __name__ == "__main__":

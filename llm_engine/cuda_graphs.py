@@ -30,22 +30,21 @@ def static_decode_step(
 ) -> torch.Tensor:
     """One decode token per row, shapes fixed by B and the cache: -> logits float32 [B, V]."""
     b = tokens.shape[0]
-    x = model.embed_tokens(tokens)  # [B, 1, hidden]
-    cos = model.rope_cos[input_pos].unsqueeze(1).to(x.dtype)  # [B, 1, 1, D]
-    sin = model.rope_sin[input_pos].unsqueeze(1).to(x.dtype)
+    x = model.embed(tokens)  # [B, 1, hidden]
+    ropes = model.rope_at(input_pos, x.dtype)  # cos, sin [B, 1, 1, D], global and local
     mask = (key_pos[None, :] <= input_pos).view(b, 1, 1, -1)  # [B, 1, 1, S]: stale rows past pos stay hidden
     pos = input_pos[:, 0]  # [B]
     windowed = {w: mask & (key_pos[None, :] > input_pos - w).view(b, 1, 1, -1) for w in {blk.self_attn.window for blk in model.layers} if w}
     for block in model.layers:
         attn = block.self_attn
         h = block.input_layernorm(x)
-        q, k, v = attn.project(h, cos, sin)  # [B, H, 1, D], [B, Hkv, 1, D] x2
+        q, k, v = attn.project(h, *ropes[attn.local_rope])  # [B, H, 1, D], [B, Hkv, 1, D] x2
         cache.write_rows(attn.layer, slot_idx, pos, k[:, :, 0], v[:, :, 0])
         keys, values = (t.to(q.dtype) for t in cache.read_rows(attn.layer, slot_idx))  # [B, Hkv, S, D], int8 dequantized
         layer_mask = windowed[attn.window] if attn.window else mask  # a sliding-window layer sees its last `window` keys
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=layer_mask, enable_gqa=attn.n_kv != attn.n_heads)
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, attn.n_heads * attn.head_dim))
-        x = x + block.mlp(block.post_attention_layernorm(x))
+        x = block.add_attention(x, attn.o_proj(out.transpose(1, 2).reshape(b, 1, attn.n_heads * attn.head_dim)))
+        x = block.add_mlp(x)
     return model.logits(model.norm(x[:, 0]))  # [B, V]
 
 

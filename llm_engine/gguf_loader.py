@@ -19,7 +19,7 @@ import torch
 
 from llm_engine.config import ARCHITECTURES, ModelConfig, RopeScaling
 
-CONVERTER_VERSION = 2  # bump when the conversion changes, so stale caches are rebuilt
+CONVERTER_VERSION = 3  # bump when the conversion changes, so stale caches are rebuilt
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -36,6 +36,14 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Gemma 3 normalises each sublayer's output too; its `ffn_norm` is the norm before the MLP (Hugging Face's
+# pre_feedforward_layernorm), `post_attention_norm` the attention output's
+_GEMMA3_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -102,10 +110,10 @@ def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: 
         bar = tqdm(reader.tensors, desc=f"converting {gguf_path.name} (once)", unit="tensor", disable=not progress)
         for t in bar:
             if t.name != ROPE_FREQS:  # read into the config (rope scaling), not a weight
-                state[hf_name(t.name)] = dequantized(t, cfg)
+                state[hf_name(t.name, cfg.architecture)] = dequantized(t, cfg)
         save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
-    save_tokenizer(gguf_path, out)
+    save_tokenizer(gguf_path, out, cfg.architecture)
 
 
 def dequantized(t: Any, cfg: ModelConfig) -> torch.Tensor:
@@ -114,7 +122,7 @@ def dequantized(t: Any, cfg: ModelConfig) -> torch.Tensor:
 
     w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [rows=out, cols=in]
     w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
-    name = hf_name(t.name)
+    name = hf_name(t.name, cfg.architecture)
     if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
         w = unpermute_qk(w, cfg.num_heads)
     elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -146,13 +154,14 @@ def read_config(reader: Any, gguf_path: Path) -> ModelConfig:
         raise ValueError(f"{gguf_path.name}: {exc}") from None
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if not m or m.group(2) not in _LAYER_NAMES:
+    if not m or m.group(2) not in names:
         raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -175,6 +184,13 @@ def config_from_gguf(
 
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
+    layers = int(get("block_count"))
+    gemma = arch == "gemma3"
+    windows: tuple[int, ...] = ()
+    if gemma and get("attention.sliding_window"):
+        # llama.cpp's Gemma 3: every sixth layer global, the others windowed (the file does not say; nor does it
+        # carry the local rope base, 10,000, or the query scale, head_dim's except for the 27B, which we do not run)
+        windows = tuple(0 if (i + 1) % 6 == 0 else int(get("attention.sliding_window")) for i in range(layers))
     scaling = RopeScaling()
     if freq_factors:
         scaling = RopeScaling(rope_type="freq_factors", freq_factors=freq_factors)
@@ -186,7 +202,7 @@ def config_from_gguf(
         vocab_size=int(get("vocab_size", 0)) or int(meta.get("_n_vocab", 0)),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
         head_dim=int(get("attention.key_length", 0)) or hidden // heads,
@@ -195,15 +211,36 @@ def config_from_gguf(
         rope_scaling=scaling,
         tie_word_embeddings=tied,
         qkv_bias=arch == "qwen2" if bias is None else bias,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         max_position_embeddings=int(get("context_length", 2048)),
         architecture=arch,
+        layer_windows=windows,
+        hidden_act="gelu_tanh" if gemma else "silu",
+        rope_local_theta=10000.0 if gemma else 0.0,
     )
 
 
-def save_tokenizer(gguf_path: Path, out: Path) -> None:
-    """transformers builds the tokenizer and chat template from the GGUF metadata; we keep its saved files."""
+# Gemma's turn format, for Gemma 3 files that carry no template (llama.cpp's converter writes one only when the
+# source had it; the 270M base does not): <start_of_turn>user|model, the turn, <end_of_turn>; no system role, so
+# a system message opens the first user turn, a blank line before it.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% set system = '' %}"
+    "{% if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] | trim ~ '\n\n' %}"
+    "{% set messages = messages[1:] %}{% endif %}"
+    "{% for m in messages %}{% if m['role'] not in ('user', 'assistant') %}"
+    "{{ raise_exception('Gemma turns are user or assistant, after one optional system message') }}{% endif %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+    "{{ system if loop.first else '' }}{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def save_tokenizer(gguf_path: Path, out: Path, arch: str = "llama") -> None:
+    """transformers builds the tokenizer and chat template from the GGUF metadata; we keep its saved files.
+    A Gemma 3 file without a template gets Gemma's turn format."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if arch == "gemma3" and not getattr(tok, "chat_template", None):
+        tok.chat_template = GEMMA3_TEMPLATE
     tok.save_pretrained(str(out))

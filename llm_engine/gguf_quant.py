@@ -7,7 +7,10 @@ exactly that, so their codes are copied, never rounded:
 - Q4_K (256 weights: fp16 d and dmin, eight 6-bit (scale, min) pairs, 4-bit codes; w = q * d*sc - dmin*mn):
   scale d*sc, minimum -dmin*mn per 32 weights (float32, as llama.cpp computes them).
 Q8_0 (32 weights, one fp16 scale) has no exact per-channel int8 equivalent and is requantized per channel.
-Q5_0, Q5_K, Q6_K and the float types are dequantized and quantized again as `llm.quant` asks (quantize.py).
+Under int4, the projections stored in more than 4 bits (Q5_0, Q5_K, Q6_K, Q8_0) become int8 per channel, unless
+a projection they are fused with (q/k/v, gate/up) is taken in 4 bits as stored; 4 bits would lose what the file
+kept (Gemma 3 270M's Q4_K_M: logit cosine 0.952 against the file's own floats requantized, 0.998 in int8).
+The float types are quantized as `llm.quant` asks (quantize.py).
 It knows nothing about the engine.
 """
 from __future__ import annotations
@@ -78,6 +81,22 @@ def _q4_k(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray
 
 
 _INT4_EXACT = {"Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q4_K": unpack_q4_k}
+WIDE_TYPES = ("Q5_0", "Q5_K", "Q6_K", "Q8_0")  # more than 4 bits a weight: int8 under int4 where they can be
+_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # fuse.py's groups: one layer kind each
+
+
+def kept_wide(types: dict[str, str]) -> set[str]:
+    """{module path: GGUF type} of the projections -> the paths int4 keeps in int8: a WIDE_TYPES projection none
+    of whose fusion partners is taken in 4 bits as stored."""
+    out = set()
+    for path, kind in types.items():
+        if kind not in WIDE_TYPES or not (path.startswith("layers.") and path.endswith("_proj")):
+            continue
+        prefix, leaf = path.rsplit(".", 1)
+        group = next((g for g in _FUSED if leaf in g), (leaf,))
+        if not any(types.get(f"{prefix}.{member}") in _INT4_EXACT for member in group):
+            out.add(path)
+    return out
 
 
 def unpack_q8_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,9 +123,9 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
     """One pass over a GGUF: the quantized layers the scheme takes as stored, and (floats) every other tensor
     dequantized, so a quantized model is built without a float copy of its 4-bit projections.
 
-    int4 takes Q4_0, Q4_1 and Q4_K blocks as they are; int8 takes Q8_0 blocks (per-channel requantized). Other pairs are
-    left to quantize_model, from the float weights. The output head ("lm_head": the output tensor, or the embedding
-    of a tied model) is taken as int4 when the file stores it in 4 bits: its author chose that; otherwise
+    int4 takes Q4_0, Q4_1 and Q4_K blocks as they are and the wider types in int8 (kept_wide); int8 takes Q8_0 blocks
+    (per-channel requantized). Other pairs are left to quantize_model, from the float weights. The output head
+    ("lm_head": the output tensor, or the embedding of a tied model) is taken as int4 when the file stores it in 4 bits: its author chose that; otherwise
     quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
     """
     from gguf import GGMLQuantizationType
@@ -118,11 +137,14 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
     cfg = read_config(reader, Path(gguf_path))
     out = GgufWeights(cfg, {}, {})
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
+    types = {hf_name(t.name, cfg.architecture).removeprefix("model.").removesuffix(".weight"): t.tensor_type.name
+             for t in reader.tensors if t.name.endswith(".weight") and t.name != ROPE_FREQS}  # fmt: skip
+    wide = kept_wide(types) if scheme == "int4" else set()
     for t in reader.tensors:
         if t.name == ROPE_FREQS:
             continue  # in the config
         kind, rows, cols = t.tensor_type.name, int(t.shape[-1]), int(t.shape[0])  # GGUF lists dims innermost first
-        name = hf_name(t.name).removeprefix("model.")
+        name = hf_name(t.name, cfg.architecture).removeprefix("model.")
         path = "lm_head" if t.name == head else name.removesuffix(".weight")
         if path != "lm_head" and not (name.startswith("layers.") and name.endswith("_proj.weight")):
             path = ""  # not a layer the scheme could take as stored
@@ -141,10 +163,12 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
             if records is not None:
                 layer.kblocks = torch.from_numpy(fix(records).copy())
             out.layers[path] = layer
+        elif path in wide:
+            out.layers[path] = Int8WeightOnlyLinear.from_float(dequantized(t, cfg), use_kernel=use_kernel)
         elif path and path != "lm_head" and scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:
             q, d = unpack_q8_0(t.data, rows, cols)
             w = torch.from_numpy(fix(q).astype(np.float32) * np.repeat(fix(d), GGUF_GROUP, axis=1))
             out.layers[path] = Int8WeightOnlyLinear.from_float(w, use_kernel=use_kernel)
         if floats and (path not in out.layers or t.name == "token_embd.weight"):  # a tied head's embedding: both
-            out.floats[hf_name(t.name)] = dequantized(t, cfg)
+            out.floats[hf_name(t.name, cfg.architecture)] = dequantized(t, cfg)
     return out

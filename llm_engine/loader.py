@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from llm_engine.config import ModelConfig
-from llm_engine.model import Transformer, rope_tables
+from llm_engine.model import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,15 +61,28 @@ def build_model(
         model = Transformer(cfg, max_seq_len)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype) for k, v in fold_norms(cfg, state).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if k not in supplied]
     if missing or unexpected:
         raise ValueError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    # The rope tables are non-persistent buffers still on meta: rebuild them for real, in float32.
-    cos, sin = rope_tables(cfg, max_seq_len)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.set_rope(device)  # the rope tables are non-persistent buffers still on meta: built for real, in float32
     return model.eval().requires_grad_(False)
+
+
+def fold_norms(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gemma 3's norms in the plain `weight * x` form our RMSNorm computes: norm_weight_offset added to every norm
+    weight (a checkpoint's w for (1 + w)), and the query norm scaled by sqrt(head_dim / query_pre_attn_scalar), so
+    the attention's usual head_dim ** -0.5 gives query_pre_attn_scalar ** -0.5 (rope is linear). In float32."""
+    q_scale = (cfg.head_dim / cfg.query_pre_attn_scalar) ** 0.5 if cfg.query_pre_attn_scalar else 1.0
+    if not cfg.norm_weight_offset and q_scale == 1.0:
+        return state
+    out = dict(state)
+    for key, t in state.items():
+        if key.endswith("norm.weight"):
+            w = t.float() + cfg.norm_weight_offset
+            out[key] = w * q_scale if key.endswith("q_norm.weight") else w
+    return out
 
 
 def load_hf_folder(folder: Path, *, max_seq_len: int, dtype: torch.dtype, device: str) -> Transformer:

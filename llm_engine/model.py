@@ -1,4 +1,4 @@
-"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), with per-layer sliding windows.
+"""Decoder-only Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3), with per-layer sliding windows.
 
 It reads and writes keys/values through a StaticKVCache at explicit positions and slots, so one
 forward serves prefill, decode and (later) batches of slots. It knows nothing about tokens as text,
@@ -55,10 +55,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
     return torch.where(in_band, blended, scaled)
 
 
-def rope_tables(cfg: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(cfg: ModelConfig, max_seq_len: int, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """-> cos, signed sin [max_seq_len, head_dim] float32, the rotate-half layout (halves duplicated) with
-    the rotation's sign folded into the first half of sin, so apply_rope needs no negation. On the CPU, as above."""
-    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2]
+    the rotation's sign folded into the first half of sin, so apply_rope needs no negation. On the CPU, as above.
+    local: the tables of windowed layers where they have their own base (Gemma 3: 10,000, unscaled)."""
+    if local and cfg.rope_local_theta:
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, RopeScaling())
+    else:
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2]
     pos = torch.arange(max_seq_len, dtype=torch.float32, device="cpu")
     freqs = torch.outer(pos, inv)  # [S, D/2]
     return torch.cat([freqs, freqs], dim=-1).cos(), torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
@@ -75,12 +79,13 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.window = cfg.window(layer)  # 0: attends to the whole context
+        self.local_rope = bool(self.window and cfg.rope_local_theta)  # rotates by the model's local tables
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        # Qwen3: each head's query and key RMS-normalised over head_dim before rope
+        # Qwen3, Gemma 3: each head's query and key RMS-normalised over head_dim before rope
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.qkv_proj: nn.Module | None = None  # set by fuse.fuse_projections, replacing the three above
@@ -136,26 +141,44 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_proj: nn.Module | None = None  # set by fuse.fuse_projections, replacing gate and up
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # Gemma's GeGLU, else SwiGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+        return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
 class Block(nn.Module):
+    """Pre-norm residual block. Gemma 3 also normalises each sublayer's output before adding it ("sandwich"):
+    there post_attention_layernorm is that output norm, and the MLP has its own pre and post norms (Hugging
+    Face's names); elsewhere post_attention_layernorm is the norm before the MLP."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def add_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the attention sublayer, given its output."""
+        return x + (self.post_attention_layernorm(attn_out) if self.sandwich else attn_out)
+
+    def add_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the MLP sublayer."""
+        if self.sandwich:
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(self, x: torch.Tensor, *attn_args: object) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.add_mlp(self.add_attention(x, self.self_attn(self.input_layernorm(x), *attn_args)))
 
 
 class Transformer(nn.Module):
@@ -172,9 +195,33 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = (t.to(weight.device) for t in rope_tables(cfg, max_seq_len))  # made on the CPU, moved to the default
-        self.register_buffer("rope_cos", cos, persistent=False)  # [max_seq, D] float32
+        self.set_rope(weight.device)
+
+    def set_rope(self, device: torch.device | str) -> None:
+        """(Re)build the rope tables on device: made on the CPU, moved. rope_cos/rope_sin [max_seq, D] float32 for
+        global layers; rope_cos_local/rope_sin_local for windowed ones (the same tensors unless the model has a
+        local base). Non-persistent buffers, so a state dict never carries them."""
+        cos, sin = (t.to(device) for t in rope_tables(self.cfg, self.max_seq_len))
+        self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if self.cfg.rope_local_theta:
+            cos, sin = (t.to(device) for t in rope_tables(self.cfg, self.max_seq_len, local=True))
+        self.register_buffer("rope_cos_local", cos, persistent=False)
+        self.register_buffer("rope_sin_local", sin, persistent=False)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids -> the first hidden states; Gemma scales them by sqrt(hidden), in the embedding's dtype."""
+        x = self.embed_tokens(tokens)
+        return x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype) if self.cfg.embed_scale != 1.0 else x
+
+    def rope_at(self, input_pos: torch.Tensor, dtype: torch.dtype) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """-> {local: (cos, sin) [B, 1, T, D]} for positions [B, T]: the global tables (False) and the local ones (True)."""
+        out = {False: (self.rope_cos[input_pos].unsqueeze(1).to(dtype), self.rope_sin[input_pos].unsqueeze(1).to(dtype))}
+        if self.cfg.rope_local_theta:
+            out[True] = (self.rope_cos_local[input_pos].unsqueeze(1).to(dtype), self.rope_sin_local[input_pos].unsqueeze(1).to(dtype))
+        else:
+            out[True] = out[False]
+        return out
 
     def forward(
         self,
@@ -189,12 +236,12 @@ class Transformer(nn.Module):
         of indices into T (the head runs only on the rows asked for: it is the largest matrix of a small model)."""
         if kv_len is None:
             kv_len = int(input_pos.max()) + 1  # a device sync on GPU: callers on the hot path pass it
-        x = self.embed_tokens(tokens)  # [B, T, hidden]
-        cos = self.rope_cos[input_pos].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
-        sin = self.rope_sin[input_pos].unsqueeze(1).to(x.dtype)
+        x = self.embed(tokens)  # [B, T, hidden]
+        ropes = self.rope_at(input_pos, x.dtype)  # cos, sin [B, 1, T, D]
         masks = {w: causal_mask(input_pos, kv_len, w) for w in {b.self_attn.window for b in self.layers}}
         for block in self.layers:
-            x = block(x, cos, sin, input_pos, masks[block.self_attn.window], cache, slots, kv_len)
+            attn = block.self_attn
+            x = block(x, *ropes[attn.local_rope], input_pos, masks[attn.window], cache, slots, kv_len)
         if logits_for == "last":
             x = x[:, -1:]
         elif logits_for != "all":

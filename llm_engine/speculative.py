@@ -205,6 +205,7 @@ def make_self_draft(
     draft.layers = nn.ModuleList(blocks)
     draft.embed_tokens, draft.norm, draft.lm_head = target.embed_tokens, target.norm, target.lm_head
     draft.rope_cos, draft.rope_sin = target.rope_cos, target.rope_sin
+    draft.rope_cos_local, draft.rope_sin_local = target.rope_cos_local, target.rope_sin_local
     return quantize_model(draft, scheme, group_size=group_size).eval()
 
 

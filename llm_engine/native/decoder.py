@@ -32,9 +32,9 @@ class PLinear(ctypes.Structure):
 
 class PLayer(ctypes.Structure):
     _fields_ = [
-        ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
-        ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
-        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("window", ctypes.c_int32),
+        ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p), ("qkv", PLinear), ("o", PLinear), ("gate_up", PLinear), ("down", PLinear),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
     ]
 
 
@@ -42,9 +42,10 @@ class PModel(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_int32) for name in (
             "n_layers", "hidden", "n_heads", "n_kv", "head_dim", "inter", "vocab", "max_seq", "n_slots", "max_rows",
-            "int4_dot", "kv_kind")),
-        ("eps", ctypes.c_float), ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", PLinear),
-        ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p),
+            "int4_dot", "kv_kind", "gelu")),
+        ("eps", ctypes.c_float), ("embed_scale", ctypes.c_float), ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
+        ("head", PLinear), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("rope_cos_local", ctypes.c_void_p),
+        ("rope_sin_local", ctypes.c_void_p), ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
         ("layers", ctypes.POINTER(PLayer)),
     ]
@@ -187,27 +188,31 @@ class NativeDecoder:
         self.int8_dot = has_dot if int8_dot is None else bool(int8_dot)
         # which int8-input kernel: "vnni", "portable" (no VNNI here, or asked for), or None (the float kernel)
         self.int8_kernel = None if not self.int8_dot else "vnni" if has_dot and int8_dot != "portable" else "portable"
-        if model.rope_cos.shape[0] < cache.max_seq_len:
+        if model.rope_cos.shape[0] < cache.max_seq_len or model.rope_cos_local.shape[0] < cache.max_seq_len:
             raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
         cfg = model.cfg
         keep: list[torch.Tensor] = []
         layers = (PLayer * cfg.num_layers)()
         for i, b in enumerate(model.layers):
+            mlp_norm, out_norms = b.post_attention_layernorm, (None, None)
+            if b.sandwich:  # Gemma 3: post_attention_layernorm is the attention's output norm
+                mlp_norm, out_norms = b.pre_feedforward_layernorm, (b.post_attention_layernorm.weight, b.post_feedforward_layernorm.weight)
             layers[i] = PLayer(
-                _ptr(b.input_layernorm.weight, keep), _ptr(b.post_attention_layernorm.weight, keep),
+                _ptr(b.input_layernorm.weight, keep), _ptr(mlp_norm.weight, keep), *(_ptr(w, keep) for w in out_norms),
                 describe_linear(b.self_attn.qkv_proj, keep), describe_linear(b.self_attn.o_proj, keep),
                 describe_linear(b.mlp.gate_up_proj, keep), describe_linear(b.mlp.down_proj, keep),
                 _ptr(b.self_attn.q_norm.weight if b.self_attn.q_norm is not None else None, keep),
                 _ptr(b.self_attn.k_norm.weight if b.self_attn.k_norm is not None else None, keep), b.self_attn.window,
+                int(b.self_attn.local_rope),
             )
         head = (describe_linear(model.lm_head, keep) if model.lm_head is not None
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, {None: 0, "vnni": 1, "portable": 2}[self.int8_kernel],
-            KV_KINDS[cache.k.dtype], cfg.rms_norm_eps,
+            KV_KINDS[cache.k.dtype], int(cfg.hidden_act == "gelu_tanh"), cfg.rms_norm_eps, cfg.embed_scale,
             _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
-            _ptr(model.rope_cos[: cache.max_seq_len], keep), _ptr(model.rope_sin[: cache.max_seq_len], keep),
+            *(_ptr(t[: cache.max_seq_len], keep) for t in (model.rope_cos, model.rope_sin, model.rope_cos_local, model.rope_sin_local)),
             cache.k.data_ptr(), cache.v.data_ptr(), *(None if t is None else t.data_ptr() for t in (cache.k_scale, cache.v_scale)),
             layers,
         )

@@ -107,10 +107,10 @@ def test_load_tiny_split_topology(tmp_path: Path) -> None:
 
 def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
-    speculative), the batching rows and the persona table (cold vs prefix hit)."""
+    speculative), the batching rows, the persona table (cold vs prefix hit) and the real Gemma 3 270M's row."""
     proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--context-steps", "4",
                       "--kv-contexts", "20,60",
-                      "--skip-transformers", "--skip-llama-cpp", "--persona-sessions", "1")
+                      "--skip-transformers", "--skip-llama-cpp", "--persona-sessions", "1", "--gemma3", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("none (fp32)", "int8", "int4 (Q4_1 blocks)"):
@@ -131,6 +131,9 @@ def test_llm_table_tiny() -> None:
     kv = {name: next(line for line in lines if line.startswith(f"ours, {name} KV cache ")).split()[-4:] for name in ("float16", "int8")}
     assert all(float(v) > 0 for v in kv["float16"] + kv["int8"]), kv  # tok/s and MB per slot at 20 and 60 positions
     assert 0.5 < float(kv["int8"][1]) / float(kv["float16"][1]) < 0.6  # int8 codes + a float32 scale per 64 values
+    at = lines.index(next(line for line in lines if line.startswith("Gemma 3 270M, the real Q4_K_M file")))
+    gemma = lines[at + 2]
+    assert float(gemma.split()[0]) > 0 and "Q4_K factors: 27 matrices" in gemma, gemma  # ours tok/s, its kernels
     cold = next(line for line in lines if line.startswith("off (cold prefill)")).split()
     hit = next(line for line in lines if line.startswith("on (copied from an idle slot)")).split()
     assert int(cold[-1]) == 0 and int(hit[-1]) > 150  # the persona prompt copied, not computed

@@ -114,21 +114,35 @@ def test_each_tensor_type_matches_transformers(models, qtype: str) -> None:
     assert_matches(gguf, reference(gguf, hf, from_gguf=True))
 
 
-def test_q5_0_loads_under_int4_requantized_from_its_floats(models) -> None:
-    """Q5_0 (llama.cpp's Q4_K_M fallback where a row is not a multiple of 256) has no int4 form: under
-    llm.quant int4 its dequantized floats are quantized again, group 32, like Q5_K and Q6_K."""
+def test_q5_0_loads_under_int4_as_int8_per_channel(models) -> None:
+    """Q5_0 (llama.cpp's Q4_K_M fallback where a row is not a multiple of 256) has no int4 form: under llm.quant int4
+    its dequantized floats become int8 per channel (4 bits would lose what the file kept), closer than 4 bits get."""
     from llm_engine.prepare import prepare
-    from llm_engine.quantize import Int4WeightOnlyLinear
+    from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     gguf, _ = models("qwen2", "Q5_0")
     floats, _ = load_model(gguf, max_seq_len=64)
     model = prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,
                     self_draft="none", kv_cache="float32").model  # fmt: skip
     down = model.layers[0].mlp.down_proj
-    assert isinstance(down, Int4WeightOnlyLinear)
+    assert isinstance(down, Int8WeightOnlyLinear)
     want = floats.layers[0].mlp.down_proj.weight
-    err = (down.dequantize(torch.float32) - want).abs().max() / want.abs().max()
-    assert 0 < err < 0.1  # 4 bits from 5: lossy, and close
+    err = (down.qweight.float() * down.scales[:, None] - want).abs().max() / want.abs().max()
+    four = Int4WeightOnlyLinear.from_float(want, group_size=32, use_kernel=False).dequantize() - want
+    assert 0 < err < 0.5 * four.abs().max() / want.abs().max()
+
+
+def test_wide_types_stay_int8_unless_a_fusion_partner_is_4_bit() -> None:
+    """q/k/v and gate/up are fused into one layer of one kind: a Q6_K v beside Q4_K q and k is requantized to 4 bits
+    with them; a Q6_K down_proj, or q/k/v all wider than 4 bits (Gemma 3 270M: Q5_0, Q5_0, Q8_0), stays int8."""
+    from llm_engine.gguf_quant import kept_wide
+
+    types = {"layers.0.self_attn.q_proj": "Q4_K", "layers.0.self_attn.k_proj": "Q4_K", "layers.0.self_attn.v_proj": "Q6_K",
+             "layers.0.mlp.down_proj": "Q6_K", "layers.0.mlp.gate_proj": "Q5_0", "layers.0.mlp.up_proj": "Q5_0",
+             "layers.1.self_attn.q_proj": "Q5_0", "layers.1.self_attn.k_proj": "Q5_0", "layers.1.self_attn.v_proj": "Q8_0",
+             "embed_tokens": "Q8_0", "lm_head": "Q6_K"}  # fmt: skip
+    assert kept_wide(types) == {"layers.0.mlp.down_proj", "layers.0.mlp.gate_proj", "layers.0.mlp.up_proj",
+                                "layers.1.self_attn.q_proj", "layers.1.self_attn.k_proj", "layers.1.self_attn.v_proj"}  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K"])

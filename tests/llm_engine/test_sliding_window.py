@@ -4,16 +4,11 @@ shape of Gemma 3's five to one). Prefill and 32 decode steps within 1e-4, throug
 compiled CPU step and the graph-ready (CUDA) step."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from every_path import assert_every_path_matches, new_cache
 
-from llm_engine.cuda_graphs import GraphedDecoder
-from llm_engine.fuse import fuse_projections
-from llm_engine.kv_cache import StaticKVCache
 from llm_engine.loader import load_model
-from llm_engine.native.decoder import NativeDecoder
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             initializer_range=0.2)  # fmt: skip
@@ -52,38 +47,10 @@ def test_windows_are_read_per_layer(pair) -> None:
     assert ModelConfig.from_hf_dict(ours.cfg.to_hf_dict()) == ours.cfg  # the GGUF cache folder keeps them
 
 
-def new_cache(model, slots: int = 1) -> StaticKVCache:
-    c = model.cfg
-    return StaticKVCache(c.num_layers, slots, c.num_kv_heads, 64, c.head_dim)
-
-
-@torch.inference_mode()
 def test_prefill_and_decode_match_transformers_on_every_path(pair) -> None:
     _, ours, ref = pair
     torch.manual_seed(1)
-    prompt = torch.randint(0, 512, (1, PROMPT_LEN))
-    fused = fuse_projections(copy.deepcopy(ours))
-    eager, compiled, graphed = new_cache(ours), new_cache(fused), new_cache(ours, slots=2)
-    logits = ours(prompt, torch.arange(PROMPT_LEN)[None], eager, [0], "all")
-    assert (logits - ref(prompt).logits).abs().max().item() < 1e-4  # the windowed mask over the prompt
-    fused(prompt, torch.arange(PROMPT_LEN)[None], compiled, [0])
-    ours(prompt, torch.arange(PROMPT_LEN)[None], graphed, [1])
-    native = NativeDecoder(fused, compiled)
-    static = GraphedDecoder(ours, graphed, buckets=(2,), use_graphs=False, static_step=True)  # padded to 2 rows
-    seq = prompt[0].tolist()
-    token = int(logits[0, -1].argmax())
-    for step in range(STEPS):
-        pos = len(seq)
-        seq.append(token)
-        want = ref(torch.tensor([seq])).logits[0, -1]  # no cache on their side: a cache bug on ours would show
-        got = {
-            "eager": ours(torch.tensor([[token]]), torch.tensor([[pos]]), eager, [0])[0, -1],
-            "compiled": native.decode([token], [pos], [0])[0],
-            "graph-ready": static.decode([token], [pos], [1])[0],
-        }
-        for path, row in got.items():
-            assert (row - want).abs().max().item() < 1e-4, f"{path}, step {step}"
-        token = int(want.argmax())
+    seq = assert_every_path_matches(ours, ref, torch.randint(0, 512, (1, PROMPT_LEN)), STEPS)
     assert len(seq) > 4 * max(ours.cfg.layer_windows)  # the windows slid well past the prompt
 
 
