@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--styles", default="comma,split")
     p.add_argument("--paused", type=int, default=18)
     p.add_argument("--complete", type=int, default=22)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (vad.* keys)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides (vad.* keys, models.asr.beam_size)")
     p.add_argument("--out", default="artifacts/bench/narrowband.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="two paused and two whole requests, one voice, one detector")
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     wide = corpus(args.voices.split(","), args.styles.split(","), args.paused, args.complete)
     models = Models(cfg.persona(None).system_prompt)
+    models.asr.beam_size = cfg.models.asr.beam_size  # --set models.asr.beam_size=5: what a phone line gains from
     results: dict[str, Any] = {}
     rows = []
     try:

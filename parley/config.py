@@ -222,6 +222,18 @@ class WebRtcConfig(_Strict):
     ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
 
 
+class PersonaTool(_Strict):
+    """A server-side tool (docs/tools.md): a Python function, its JSON schema read from its signature."""
+
+    function: str = Field(pattern=r"^[\w.]+:\w+$")  # module:function
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    cancellable: bool = True  # a barge-in cancels the call (False: it runs to its end; its result is dropped)
+
+
+# what ships for a voice assistant: the time, arithmetic, a timer that speaks when due (`tools: default`)
+DEFAULT_TOOLS = ("voice.builtin_tools:current_time", "voice.builtin_tools:calculate", "voice.timers:set_timer")
+
+
 class Persona(_Strict):
     name: str
     display_name: str
@@ -231,6 +243,11 @@ class Persona(_Strict):
     speaking_rate: float = Field(1.0, ge=0.5, le=2.0)
     max_reply_tokens: int = Field(120, ge=1, le=2048)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    # module:function, or {function, timeout_s, cancellable}; "default" stands for DEFAULT_TOOLS. Off unless listed:
+    # tools in the prompt lengthen it ~8x for the embedded model, and every latency number so far was measured without
+    tools: tuple[str | PersonaTool, ...] = ()
+    tool_choice: str = "auto"  # auto | required | none | one tool's function name (called in every reply)
+    tool_filler: str = Field("One moment.", min_length=1, max_length=200)  # said while a tool runs over ~300 ms
     # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list
     backchannels: list[str] | None = None
     stop_words: list[str] | None = None

@@ -66,11 +66,35 @@ def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
         name: PersonaSpec(
             name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
+            tools=persona_tools(name, p), tool_choice=p.tool_choice, tool_filler=p.tool_filler,
             lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
                 v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words),
         )  # fmt: skip
         for name, p in cfg.persona_defs.items()
     }
+
+
+def persona_tools(name: str, p: Any) -> tuple[Any, ...]:
+    """A persona's `tools:` loaded (voice.tool_registry); ConfigError naming the persona and the tool."""
+    from parley.config import ConfigError, PersonaTool
+    from voice.tool_registry import load
+
+    from parley.config import DEFAULT_TOOLS
+
+    tools = []
+    entries = [e for entry in p.tools for e in (DEFAULT_TOOLS if entry == "default" else (entry,))]
+    for i, entry in enumerate(entries):
+        t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
+        try:
+            tools.append(load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"persona {name}: tools[{i}]: {exc}") from None
+    names = [t.spec.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"persona {name}: tools: two tools of one name ({', '.join(names)})")
+    if p.tool_choice not in ("auto", "required", "none", *names):
+        raise ConfigError(f"persona {name}: tool_choice: {p.tool_choice!r} is none of auto, required, none, {', '.join(names)}")
+    return tuple(tools)
 
 
 def output_sample_rate(cfg: AppConfig) -> int:

@@ -261,6 +261,7 @@ class Harness(MessageLog):
         turn_model: FakeTurnModel | None = None,
         persona: str = "assistant",
         turns: TurnPolicy | None = None,
+        personas: dict[str, PersonaSpec] | None = None,
         **settings: object,
     ) -> None:
         self.engine = engine or FakeEngine()
@@ -279,7 +280,7 @@ class Harness(MessageLog):
         base = dict(greet=False, warm_prompt=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
                     turns=turns or TurnPolicy(detection="fixed"))  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
-        self.session = Session("s1", self.stages, self.settings, PERSONAS, persona, on_trace=self.traces.append)
+        self.session = Session("s1", self.stages, self.settings, personas or PERSONAS, persona, on_trace=self.traces.append)
         self.messages: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self.audio_ms = 0.0  # audio fed so far (the client's clock)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from voice.turntaking import Action
 
 if TYPE_CHECKING:
     from voice.listener import Utterance
-    from voice.reply_host import ReplyHost
+    from voice.stages import PersonaSpec, SessionSettings, Stages
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,27 @@ class HeldPhrase:
                 yield event
 
 
+class PhraseHost(Protocol):
+    """What a session lends its first phrases (a narrower voice.reply_host.ReplyHost, which holds a FirstPhrases)."""
+
+    session_id: str
+    stages: Stages
+    settings: SessionSettings
+    speak: bool
+
+    @property
+    def persona(self) -> PersonaSpec: ...
+
+    @property
+    def voice_name(self) -> str: ...
+
+    def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]: ...
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None: ...
+
+
 class FirstPhrases:
-    def __init__(self, session: "ReplyHost", enabled: bool, shed_wait_ms: float) -> None:
+    def __init__(self, session: PhraseHost, enabled: bool, shed_wait_ms: float) -> None:
         self.s = session
         self.core = Preemption(enabled)
         self.shed_wait_ms = shed_wait_ms

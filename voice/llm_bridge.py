@@ -11,6 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from llm_engine.constrain import Constraint
 from llm_engine.engine import ChatMessage, ErrorEvent, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
 
 
@@ -105,19 +106,22 @@ class LlmBridge:
     def generate(
         self,
         session_id: str,
-        messages: Sequence[tuple[str, str]],
+        messages: Sequence[tuple[str, str] | ChatMessage],
         *,
         max_new_tokens: int,
         temperature: float = 0.0,
         seed: int | None = None,
         probe_user_end: bool = False,
+        constraint: Constraint | None = None,
     ) -> LlmCall:
-        """Submit a request; iterate the call for its events (in the event loop's thread)."""
+        """Submit a request; iterate the call for its events (in the event loop's thread). `messages`: (role, content)
+        pairs, or ChatMessages (a tool call and its result). `constraint`: decode under that grammar."""
         request = GenerateRequest(
             session_id=session_id,
-            messages=tuple(ChatMessage(role, content) for role, content in messages),
+            messages=tuple(m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in messages),
             sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens),
             probe_user_end=probe_user_end,
+            constraint=constraint,
         )
         return LlmCall(self.engine, request)
 

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
+from dataclasses import replace
+
+from llm_engine.constrain import Constraint
+from llm_engine.request import ChatMessage
+from llm_engine.tool_calls import ArgumentsDelta, CallDone, CallStarted, Delta
+from llm_engine.tool_format import call_text
 
 from voice.audio import SAMPLE_RATE, resample
 from voice.first_phrase import HeldPhrase
@@ -19,6 +25,8 @@ from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
+from voice.timers import Timers
+from voice.tool_turn import CALL_TOKENS, session_tools, tool_reply, warm_grammar
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
@@ -45,6 +53,7 @@ class Replies:
         self.warm_shared = 0  # prompt tokens warm-ups copied from other sessions' slots since the last reply
         self._start_lock = asyncio.Lock()
         self._last_text = ""  # the reply before the current one (its echo can still be in the air)
+        self.timers = Timers(session.spawn, lambda: session.turns.state == "idle", self.announce)  # set_timer's (voice.timers)
 
     def running(self, turn_id: int) -> Reply | None:
         """The reply of `turn_id` while its task still runs (ending, perhaps), else None."""
@@ -111,6 +120,21 @@ class Replies:
         texts = [self._last_text, self.current.text if self.current is not None else ""]
         return words(" ".join(texts))[-RECENT_WORDS:]
 
+    def announce(self, text: str) -> None:
+        """Say `text` now, unasked (a timer's reminder): a reply of its own, kept in the history."""
+        self.s.apply([replace(a, text=text, kind="announce") if isinstance(a, ReplyTo) else a for a in self.s.turns.greet()])
+
+    def _client_call(self, turn_id: int, d: Delta) -> None:
+        """A call of a client's tool as the model writes it: to the client (the Realtime API's function_call item),
+        and once whole into the history, where the client's function_call_output will answer it."""
+        if isinstance(d, CallStarted):
+            self.s.outbox.send("tool.call.started", turn_id=turn_id, call_id=d.id, name=d.name)
+        elif isinstance(d, ArgumentsDelta):
+            self.s.outbox.send("tool.call.delta", turn_id=turn_id, index=d.index, arguments=d.text)
+        elif isinstance(d, CallDone):
+            self.s.memory.messages.append(("assistant", call_text(d.call)))
+            self.s.outbox.send("tool.call.done", turn_id=turn_id, call_id=d.call.id, name=d.call.name, arguments=d.call.arguments)
+
     def stop_current(self) -> None:
         if self.current is not None:
             self.interrupt(self.current.turn_id, None)
@@ -136,31 +160,48 @@ class Replies:
             self.stop_current()  # told to stop when this reply was asked for, unless it had not started then
             if task is not None and not task.done():
                 await asyncio.wait([task])
-            if a.kind == "greeting":
-                greeting = s.persona.greeting
+            if a.kind in ("greeting", "announce"):  # fixed words: the persona's greeting, a timer's reminder
+                greeting = s.persona.greeting if a.kind == "greeting" else a.text
                 if not greeting:
                     s.apply(s.turns.reply_ended(a.turn_id, interrupted=False))
                     return
                 reply = self._reply_for(a.turn_id, None)
-                reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
+                if a.kind == "greeting":
+                    reply.phrase_cache = s.stages.phrase_audio  # the same words in the same voice for every session
                 self._launch(reply, _fixed(greeting), None)
                 return
             assert a.text is not None and trace is not None
             joins = trace.info.get("joins")
-            messages = s.messages(a.text, joins)
+            if a.kind == "continue":  # answer the history as it stands (a client's tool result ends it)
+                messages = s.messages()
+            else:
+                messages = s.messages(a.text, joins)
             s.memory.drop_joined(joins)  # the early reply to half of this request goes
             dropped = s.memory.trim()  # only when a single typed turn outgrew it (or after a joined one)
             if dropped:
                 trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
                 messages = s.messages(a.text)
-            s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
+            if a.kind != "continue":
+                s.memory.add_user(a.text, voice_turn=a.turn_id if a.kind == "voice" else None)
             trace.texts["user"] = a.text
             if utt is not None:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
+            p = s.persona
+            specs = session_tools(p, s.client_tools, s.client_tool_choice)
+            choice = s.client_tool_choice if s.client_tools and s.client_tool_choice else p.tool_choice
+            if specs and choice != "auto":  # a forced call decodes under its grammar from the first token: the phrase
+                s.preempt.unused(a.turn_id)  # made ahead (free text) cannot begin it
             held = await s.preempt.take(a.turn_id, messages) if a.kind == "voice" else None
             trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
-            deltas = self._llm_deltas(messages, trace, utt, call, held)
+            if specs:  # the reply may call a tool (voice.tool_turn); a phrase made ahead (no grammar) is continued
+                await warm_grammar(s.stages.llm)
+                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
+                                                                         c, CALL_TOKENS if c and not c.trigger else 0),
+                                    messages, p.toolbox, specs, choice, p.tool_filler, self.timers, trace,
+                                    lambda d: self._client_call(a.turn_id, d))  # fmt: skip
+            else:
+                deltas = self._llm_deltas(messages, trace, utt, call, held)
             reply = self._reply_for(a.turn_id, trace)
             if held is not None:
                 reply.phrase_cache = held.audio  # the first phrase's audio, made in the pause
@@ -255,21 +296,22 @@ class Replies:
         self.s.on_trace(trace)
 
     async def _llm_deltas(
-        self, messages: list[tuple[str, str]], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
-        held: HeldPhrase | None = None,
+        self, messages: Sequence[tuple[str, str] | ChatMessage], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
+        held: HeldPhrase | None = None, constraint: Constraint | None = None, extra_tokens: int = 0,
     ) -> AsyncIterator[str]:
         """The reply's text: from its own engine request, or from the one made ahead (`held`), continued."""
         s = self.s
         persona = s.persona
         llm_start_ns = trace.mark("llm_start")
         replay: AsyncIterator[LlmEvent]
-        if held is not None and held.call is not None:
+        if held is not None and held.call is not None:  # (made without a grammar: a call in it is parsed as written)
             events, replay = held.call, held.replay()
         else:
-            events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens,
-                                           temperature=persona.temperature)  # fmt: skip
+            more = {} if constraint is None else {"constraint": constraint}
+            events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens + extra_tokens,
+                                           temperature=persona.temperature, **more)  # fmt: skip
             replay = events
-        call.append(events)
+        call[:] = [events]  # (a tool turn's later request replaces the first: hold() pauses the one running)
         async with aclosing(events):
             async for event in replay:
                 if isinstance(event, LlmToken):

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from llm_engine.tool_format import ToolSpec
 from voice.echo import ServerEcho
 from voice.first_phrase import FirstPhrases
 from voice.history import History
@@ -28,6 +29,8 @@ class ReplyHost(Protocol):
     task_group: asyncio.TaskGroup | None  # the session's tasks, while it runs
     on_trace: Callable[[TurnTrace], None]
     echo: ServerEcho | None  # the echo canceller the replies' audio is the far end of
+    client_tools: tuple[ToolSpec, ...]  # tools the client runs (the Realtime API's session.tools)
+    client_tool_choice: str | None  # the client's tool_choice (None: the persona's)
     preempt: FirstPhrases  # the reply's first phrase made in the user's pause, held for the endpoint
 
     @property

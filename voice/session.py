@@ -24,6 +24,8 @@ from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from llm_engine.tool_format import ToolSpec
+from voice.tool_turn import with_tools
 from voice.trace import TurnTrace
 from voice.turn_policy import TurnPolicy
 from voice.turntaking import (
@@ -82,6 +84,8 @@ class Session:
         self.instructions: str | None = None  # replaces the persona's system prompt (the Realtime API's)
         self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
         self.speak = True  # replies are spoken; else text only
+        self.client_tools: tuple[ToolSpec, ...] = ()  # tools the client runs (the Realtime API's session.tools)
+        self.client_tool_choice: str | None = None  # auto | required | none | a name; None: the persona's
         self.memory = History(settings.history_chars, settings.history_messages)  # what the user said and heard
         self.turns = TurnTaking(self._spoken_in(settings.turns), settings.vad_threshold)
         self.listener = Listener(
@@ -169,7 +173,14 @@ class Session:
         self.memory.trim()
 
     def respond(self) -> int:
-        """Answer the history's last message, a user's. -> the reply's turn id."""
+        """Answer the history's last message, a user's or a tool result. -> the reply's turn id."""
+        if self.history and self.history[-1][0] == "tool":  # a client's tool result: the reply goes on from it
+            actions = [replace(a, kind="continue") if isinstance(a, ReplyTo) else a for a in self.turns.typed("")]
+            turn_id = next(a.turn_id for a in actions if isinstance(a, ReplyTo))
+            trace = self.new_trace(turn_id, "text")
+            trace.mark("endpoint")
+            self.apply(actions, typed=trace)
+            return turn_id
         if not self.history or self.history[-1][0] != "user":
             raise InputError("no_input", "nothing to answer: the conversation does not end with a user message")
         return self.text_input(self.history.pop()[1])
@@ -270,7 +281,8 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
-        return self.memory.prompt(self.instructions or self.persona.system_prompt, user_text, joins)
+        system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice)
+        return self.memory.prompt(system, user_text, joins)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a

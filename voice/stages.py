@@ -14,6 +14,7 @@ from voice.phrase_audio import PhraseAudioCache
 from voice.reply import VoiceBinding, WorkCounter
 from voice.scheduler import DirectRunner, StageRunner
 from voice.smart_turn import TurnModel
+from voice.tool_registry import Tool, ToolBox
 from voice.turn_policy import TurnPolicy
 from voice.vad import Vad
 
@@ -27,7 +28,14 @@ class PersonaSpec:
     speaking_rate: float = 1.0
     max_reply_tokens: int = 120
     temperature: float = 0.0
+    tools: tuple[Tool, ...] = ()  # server-side tools its replies may call (voice.tool_turn)
+    tool_choice: str = "auto"  # auto | required | none | a tool's name (that tool, every reply)
+    tool_filler: str = "One moment."  # said while a tool takes longer than voice.tool_turn.FILLER_AFTER_S
     lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
+
+    @property
+    def toolbox(self) -> ToolBox:
+        return ToolBox(self.tools)
 
 
 @dataclass(frozen=True)

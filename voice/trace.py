@@ -16,6 +16,8 @@ MARKS = (
     "asr_final",
     "llm_start",
     "llm_first_token",
+    "tool_start",  # a tool call began (voice.tool_turn; the first, when a turn makes several)
+    "tool_done",
     "first_phrase",
     "tts_first_audio",
     "first_audio_sent",
@@ -32,6 +34,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "phrase": ("llm_first_token", "first_phrase"),
     "tts": ("first_phrase", "tts_first_audio"),
     "send": ("tts_first_audio", "first_audio_sent"),
+    "tool": ("tool_start", "tool_done"),  # trace info "tools": each call's name, ms, ok (and error)
     "voice_to_voice": ("speech_end", "first_audio_sent"),
 }
 

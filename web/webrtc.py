@@ -30,6 +30,7 @@ from voice.trace import now_ns
 from web import protocol as P
 from web.limits import origin_allowed
 from web.state import AppState
+from web.webrtc_loss import skip_lost_packets
 from web.webrtc_media import ReplyTrack, read_microphone
 from web.ws import Connection
 
@@ -179,6 +180,7 @@ async def offer(request: Request, state: AppState, calls: set[asyncio.Task[None]
     pc.addTrack(socket.track)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp.sdp, type="offer"))
+        skip_lost_packets(pc)  # the microphone's receiver: a lost packet is given up after 80 ms, not 300
         await pc.setLocalDescription(await pc.createAnswer())
     except (ValueError, TypeError, KeyError, IndexError) as exc:  # what aiortc raises for SDP it cannot use
         await pc.close()

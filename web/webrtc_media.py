@@ -1,6 +1,7 @@
 """The audio of a WebRTC call (aiortc; Opus through PyAV): the reply as an outgoing track that hands the encoder
-one 20 ms frame at 48 kHz per 20 ms of wall time (silence between replies), whose queue a barge-in clears and
-which says how much of each reply it has played; and the microphone track read into 16 kHz mono for the session.
+one 20 ms frame at 48 kHz per 20 ms of wall time (silence between replies; a reply up to 120 ms ahead,
+web.webrtc_pacing), whose queue a barge-in clears and which says how much of each reply it has played; and the
+microphone track read into 16 kHz mono for the session, lost packets concealed (web.webrtc_loss).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from voice import codec
 from voice.audio import SAMPLE_RATE
+from web.webrtc_loss import Concealer
+from web.webrtc_pacing import Pacer
 
 OPUS_RATE = 48000
 FRAME_MS = 20
@@ -25,7 +28,8 @@ MARK_EVERY_MS = 200.0  # how often the played amount of a reply is reported whil
 
 class ReplyTrack(MediaStreamTrack):
     """The server's voice. `push` queues a reply's PCM (any rate); `recv` (the encoder's pull) returns the next
-    20 ms, paced to the wall clock; `on_played(turn, played_ms)` reports playback as it happens."""
+    20 ms, paced to the wall clock with a reply's audio a little ahead (web.webrtc_pacing); `on_played(turn,
+    played_ms)` reports playback as it is sent."""
 
     kind = "audio"
 
@@ -38,7 +42,7 @@ class ReplyTrack(MediaStreamTrack):
         self._cleared: deque[int] = deque(maxlen=8)
         self._turn: int | None = None  # the reply being played, how much of it, and how much was reported
         self._played_ms = self._reported_ms = 0.0
-        self._start_s: float | None = None
+        self.pacer = Pacer(FRAME_MS / 1000.0)
         self._pts = 0
 
     def push(self, turn_id: int, samples: np.ndarray) -> None:
@@ -64,17 +68,15 @@ class ReplyTrack(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._start_s is None:
-            self._start_s = time.monotonic()
-        else:
-            self._pts += FRAME_SAMPLES
-            wait_s = self._start_s + self._pts / OPUS_RATE - time.monotonic()
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
+        now_s = time.monotonic()
+        wait_s = self.pacer.due_s(now_s, audio=bool(self._queue)) - now_s
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
         frame = av.AudioFrame.from_ndarray(self._take().reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OPUS_RATE
         frame.pts = self._pts
         frame.time_base = fractions.Fraction(1, OPUS_RATE)
+        self._pts += FRAME_SAMPLES
         return frame
 
     def _take(self) -> np.ndarray:
@@ -104,8 +106,10 @@ class ReplyTrack(MediaStreamTrack):
 
 
 async def read_microphone(track: MediaStreamTrack, push: Callable[[np.ndarray], None]) -> None:
-    """Decoded frames of the caller's track, as 16 kHz mono float32, until the track ends."""
+    """Decoded frames of the caller's track, as 16 kHz mono float32, until the track ends; the time of a packet
+    lost on the way concealed (web.webrtc_loss), so the session's timeline keeps to the caller's."""
     resampler: codec.Resampler | None = None
+    concealer = Concealer(OPUS_RATE)
     while True:
         try:
             frame = await track.recv()
@@ -118,4 +122,7 @@ async def read_microphone(track: MediaStreamTrack, push: Callable[[np.ndarray], 
         mono = (samples.astype(np.float32).mean(axis=1) / scale).astype(np.float32)
         if resampler is None or resampler.from_rate != frame.sample_rate:
             resampler = codec.Resampler(frame.sample_rate, SAMPLE_RATE)
+            concealer = Concealer(frame.sample_rate)
+        if frame.pts is not None and frame.time_base is not None:  # a lost packet's time is filled, not skipped
+            mono = concealer.push(int(round(frame.pts * frame.time_base * frame.sample_rate)), mono)
         push(resampler.push(mono))

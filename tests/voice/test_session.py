@@ -16,7 +16,7 @@ from voice.trace import MARKS
 
 pytestmark = pytest.mark.timeout(60)
 
-VOICE_MARKS = [m for m in MARKS if m not in ("playback_start", "interrupted")]
+VOICE_MARKS = [m for m in MARKS if m not in ("playback_start", "interrupted", "tool_start", "tool_done")]
 UNPACED = 60_000.0  # audio_lead_ms for tests that count turns: replies sent as made, not paced to playback
 
 

@@ -45,7 +45,7 @@ def test_what_cannot_be_honoured_is_refused(session: dict) -> None:
     with pytest.raises(ValidationError):
         SessionIn.model_validate(session)
     with pytest.raises(ValueError, match="tools"):
-        update(RealtimeConfig(voice="alloy", instructions=""), {"tools": [{"type": "function", "name": "f"}]})
+        update(RealtimeConfig(voice="alloy", instructions=""), {"tools": [{"type": "function", "name": "no spaces"}]})
 
 
 def test_a_spoken_turn_and_its_answer_in_order() -> None:
@@ -98,3 +98,44 @@ def test_a_cough_commits_nothing_and_an_interrupted_answer_keeps_what_was_said()
     text = Translator(modality="text")
     events = text.from_session({"type": "response.text.delta", "turn_id": 1, "text": "Hi"}) + text.audio(1, b"\x00\x00")
     assert [e["type"] for e in events][-1] == "response.output_text.delta"  # no audio in a text-only answer
+
+
+def test_session_tools_and_tool_choice_are_checked_and_echoed() -> None:
+    weather = {"type": "function", "name": "weather", "description": "The weather.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
+    cfg = update(RealtimeConfig(voice="alloy", instructions=""), {"tools": [weather], "tool_choice": "required"})
+    assert [t.name for t in cfg.tools] == ["weather"] and cfg.tool_choice == "required"
+    wire = cfg.to_wire("s", "m")
+    assert wire["tools"] == [weather] and wire["tool_choice"] == "required"
+    named = update(cfg, {"tool_choice": {"type": "function", "name": "weather"}})
+    assert named.to_wire("s", "m")["tool_choice"] == {"type": "function", "name": "weather"}
+    for bad, says in (({"tool_choice": {"type": "function", "name": "nope"}}, "not among the tools"),
+                      ({"tools": [weather, weather]}, "unique"),
+                      ({"tools": [{**weather, "parameters": {"type": "object", "properties": {"x": {"type": "wat"}}}}]}, "grammar"),
+                      ({"tools": []}, "not among the tools")):  # dropping the tool a named choice names  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            update(named, bad)
+
+
+def test_a_function_call_streams_as_its_item_and_argument_deltas() -> None:
+    t = Translator()
+    events = []
+    for body in (
+        {"type": "tool.call.started", "turn_id": 2, "call_id": "call_1", "name": "weather"},
+        {"type": "tool.call.delta", "turn_id": 2, "index": 0, "arguments": '{"city": '},
+        {"type": "tool.call.delta", "turn_id": 2, "index": 0, "arguments": '"Paris"}'},
+        {"type": "tool.call.done", "turn_id": 2, "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'},
+        {"type": "response.done", "turn_id": 2, "text": "", "interrupted": False, "spoken_text": "", "usage": None},
+    ):
+        events += t.from_session(body)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.output_item.added", "conversation.item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "conversation.item.done", "response.done",
+    ]  # fmt: skip
+    item = events[1]["item"]
+    assert item["type"] == "function_call" and item["name"] == "weather" and item["call_id"] == "call_1"
+    assert "".join(e["delta"] for e in events if e["type"].endswith("arguments.delta")) == '{"city": "Paris"}'
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and [o["type"] for o in done["output"]] == ["function_call"]
+    assert done["output"][0]["arguments"] == '{"city": "Paris"}' and t.open_calls == {"call_1"}

@@ -62,10 +62,14 @@ class RemoteLlm:
         return self._clients[loop]
 
     def generate(
-        self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int,
-        temperature: float = 0.0, seed: int | None = None, probe_user_end: bool = False,
+        self, session_id: str, messages: Sequence[Any], *, max_new_tokens: int,
+        temperature: float = 0.0, seed: int | None = None, probe_user_end: bool = False, constraint: Any = None,
     ) -> RemoteCall:  # fmt: skip
-        return RemoteCall(self._stream(session_id, messages, max(1, max_new_tokens), temperature, seed))
+        """`messages`: (role, content) pairs or ChatMessages (a voice session's tool round: the call goes as its text,
+        the result as a user message, the tools being in the system prompt as text). `constraint` is ignored: the
+        grammar needs our engine, so a remote model's calls are parsed from what it writes (docs/tools.md)."""
+        pairs = [m if isinstance(m, tuple) else _pair(m) for m in messages]
+        return RemoteCall(self._stream(session_id, pairs, max(1, max_new_tokens), temperature, seed))
 
     async def _stream(
         self, session_id: str, messages: Sequence[tuple[str, str]], max_tokens: int, temperature: float, seed: int | None
@@ -122,3 +126,12 @@ class RemoteLlm:
 
     def active_slots(self) -> int:
         return self._active
+
+
+def _pair(m: Any) -> tuple[str, str]:
+    """A ChatMessage as a plain (role, content) the chat API takes without tool ids."""
+    from llm_engine.tool_format import call_text
+
+    if m.tool_calls:
+        return "assistant", "\n".join(filter(None, [m.content, *(call_text(c) for c in m.tool_calls)]))
+    return ("user" if m.role == "tool" else m.role), m.content

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llm_engine.tool_format import ToolSpec
 from voice.codec import G711_RATE
+from web.realtime.tools import choice_name, tool_specs, wire_choice
 from voice.turn_policy import TurnPolicy
 
 RATE = 24000  # OpenAI's audio/pcm: 16-bit mono little-endian at 24 kHz, in and out
@@ -79,6 +81,7 @@ class SessionIn(_Wire):
     audio: AudioIn | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     modalities: list[Literal["audio", "text"]] | None = None  # beta
     voice: str | None = None  # beta
     turn_detection: TurnDetectionIn | None = None  # beta
@@ -111,12 +114,18 @@ class RealtimeConfig:
     speed: float = 1.0
     input_format: str = "audio/pcm"  # audio/pcm | audio/pcmu | audio/pcma
     output_format: str = "audio/pcm"
+    tools: tuple[ToolSpec, ...] = ()  # the client's (web.realtime.tools)
+    tool_choice: str = "auto"  # auto | none | required | a tool's name
 
     def updated(self, s: SessionIn) -> "RealtimeConfig":
         """This configuration with a `session.update` applied (fields it does not name are kept)."""
-        if s.tools:
-            raise ValueError("session.tools: tool calls are not supported by this server")
         changes: dict[str, Any] = {}
+        if s.tools is not None:
+            changes["tools"] = tool_specs(s.tools)
+        if s.tool_choice is not None:
+            changes["tool_choice"] = choice_name(s.tool_choice, changes.get("tools", self.tools))
+        elif "tools" in changes and self.tool_choice not in ("auto", "none", "required"):
+            changes["tool_choice"] = choice_name({"type": "function", "name": self.tool_choice}, changes["tools"])
         if s.instructions is not None:
             changes["instructions"] = s.instructions
         modalities = s.output_modalities or s.modalities
@@ -180,7 +189,8 @@ class RealtimeConfig:
             "audio": {"input": {"format": _format(self.input_format), "transcription": self.transcription, "noise_reduction": None,
                                 "turn_detection": turn},
                       "output": {"format": _format(self.output_format), "voice": self.voice, "speed": self.speed}},
-            "tools": [], "tool_choice": "auto", "tracing": None, "prompt": None, "truncation": "auto",
+            "tools": [{"type": "function", **{k: v for k, v in t.openai()["function"].items()}} for t in self.tools],
+            "tool_choice": wire_choice(self.tool_choice), "tracing": None, "prompt": None, "truncation": "auto",
             "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
         }  # fmt: skip
 

@@ -27,6 +27,7 @@ from voice.trace import now_ns
 from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
 from web.realtime.config import RATE, RealtimeConfig, SessionIn
+from web.realtime.tools import check_output
 from web.realtime.translate import Translator, error_event, new_id
 from web.realtime.wire_audio import WireAudio, bytes_per_second
 from web.state import AppState
@@ -210,7 +211,8 @@ class RealtimeConnection:
         try:
             config = self.config.updated(patch)
         except ValueError as exc:
-            raise EventError("invalid_value", str(exc), param="session.tools") from None
+            param = "session.tool_choice" if str(exc).startswith("tool_choice") else "session.tools"
+            raise EventError("invalid_value", str(exc), param=param) from None
         voice = self.aliases.get(config.voice, config.voice)
         if voice not in self.state.stages.voices:
             known = ", ".join(sorted({*self.aliases, *self.state.stages.voices}))
@@ -218,6 +220,8 @@ class RealtimeConnection:
         s = self.session
         s.update(voice=voice)
         s.instructions = config.instructions or None
+        s.client_tools = config.tools  # calls of these come to the client as function_call items
+        s.client_tool_choice = config.tool_choice if config.tools else None
         s.speak = config.modality == "audio"
         self.translator.modality = config.modality
         td = config.turn_detection
@@ -276,8 +280,11 @@ class RealtimeConnection:
 
     def _item_create(self, event: dict[str, Any], arrival_ns: int) -> None:
         item = event.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            self._tool_output(item)
+            return
         if not isinstance(item, dict) or item.get("type", "message") != "message":
-            raise EventError("invalid_value", "item: only message items are supported", param="item.type")
+            raise EventError("invalid_value", "item: only message and function_call_output items are supported", param="item.type")
         role = item.get("role")
         content = item.get("content")
         if role not in ("user", "assistant") or not isinstance(content, list):
@@ -294,6 +301,19 @@ class RealtimeConnection:
             self.session.add_user(text)
         else:
             self.session.history.append(("assistant", text))
+
+    def _tool_output(self, item: dict[str, Any]) -> None:
+        """The client's result of a function call: into the history, answered by the next response.create."""
+        try:
+            call_id, output = check_output(item, self.translator.open_calls)
+        except ValueError as exc:
+            raise EventError("invalid_value", str(exc), param=str(exc).split(":")[0]) from None
+        self.translator.open_calls.discard(call_id)
+        item_id = item["id"][:64] if isinstance(item.get("id"), str) else new_id("item")
+        wire = {"id": item_id, "object": "realtime.item", "type": "function_call_output", "call_id": call_id,
+                "output": output, "status": "completed"}  # fmt: skip
+        self._native(*self.translator.added(wire), {"type": "conversation.item.done", "previous_item_id": None, "item": wire})
+        self.session.history.append(("tool", output))
 
     def _response_create(self, event: dict[str, Any], arrival_ns: int) -> None:
         self.session.respond()

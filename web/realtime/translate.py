@@ -22,6 +22,9 @@ class _Response:
     modality: str
     text: str = ""
     done: bool = False
+    message: int | None = None  # the output index of its message item, once added
+    calls: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (output index, function_call item)
+    outputs: int = 0  # output items so far
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Translator:
     modality: str = "audio"  # the session's output modality when a response starts
     last_item: str | None = None  # the conversation's newest item (previous_item_id of the next)
     cancelled: set[int] = field(default_factory=set)  # turns whose response the client cancelled
+    open_calls: set[str] = field(default_factory=set)  # call ids of function calls the client has not answered yet
     _users: dict[int, _UserItem] = field(default_factory=dict)
     _responses: dict[int, _Response] = field(default_factory=dict)
     _assistant: dict[str, int] = field(default_factory=dict)  # assistant item id -> its turn (for truncate)
@@ -100,6 +104,8 @@ class Translator:
             return out + [{"type": delta_type, **self._where(r), "delta": body["text"]}]
         if kind == "response.done":
             return self._done(turn, body)
+        if kind.startswith("tool.call."):
+            return self._call(turn, kind, body)
         if kind == "response.resumed":  # speech over the response was no interruption: it goes on (docs/realtime.md)
             return [{"type": "parley.response.resumed", "reason": body["reason"]}]
         if kind == "turn.trace":
@@ -118,7 +124,34 @@ class Translator:
     # -- a response's lifecycle ------------------------------------------------------------------------
 
     def _where(self, r: _Response) -> dict[str, Any]:
-        return {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+        return {"response_id": r.id, "item_id": r.item_id, "output_index": r.message or 0, "content_index": 0}
+
+    def _call(self, turn: int, kind: str, body: dict[str, Any]) -> list[Event]:
+        """A function call of the client's tools, as the model writes it: its item, its arguments' deltas, done."""
+        r, out = self._begin(turn)
+        if kind == "tool.call.started":
+            item = {"id": new_id("item"), "object": "realtime.item", "type": "function_call", "status": "in_progress",
+                    "name": body["name"], "call_id": body["call_id"], "arguments": ""}  # fmt: skip
+            r.calls.append((r.outputs, item))
+            r.outputs += 1
+            return out + [{"type": "response.output_item.added", "response_id": r.id, "output_index": r.calls[-1][0], "item": item},
+                          *self.added(item)]  # fmt: skip
+        if not r.calls:
+            return out
+        index, item = r.calls[-1]
+        where = {"response_id": r.id, "item_id": item["id"], "output_index": index, "call_id": item["call_id"]}
+        if kind == "tool.call.delta":
+            item["arguments"] += body["arguments"]
+            return out + [{"type": "response.function_call_arguments.delta", **where, "delta": body["arguments"]}]
+        item.update(status="completed", arguments=body["arguments"])
+        self.open_calls.add(item["call_id"])
+        if len(self.open_calls) > 256:  # an unanswered call is forgotten after many more
+            self.open_calls.discard(next(iter(self.open_calls)))
+        return out + [
+            {"type": "response.function_call_arguments.done", **where, "name": item["name"], "arguments": item["arguments"]},
+            {"type": "response.output_item.done", "response_id": r.id, "output_index": index, "item": item},
+            {"type": "conversation.item.done", "previous_item_id": None, "item": item},
+        ]
 
     def _item(self, r: _Response, status: str) -> dict[str, Any]:
         part = {"type": "output_audio", "transcript": r.text} if r.modality == "audio" else {"type": "output_text", "text": r.text}
@@ -127,28 +160,42 @@ class Translator:
 
     def _response(self, r: _Response, status: str, reason: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
         details = {"type": status, "reason": reason} if reason else None
-        output = [self._item(r, "completed" if status == "completed" else "incomplete")] if status != "in_progress" else []
+        items = [(r.message, self._item(r, "completed" if status == "completed" else "incomplete"))] if r.message is not None else []
+        output = [item for _, item in sorted([*items, *r.calls], key=lambda pair: pair[0])] if status != "in_progress" else []
         return {"id": r.id, "object": "realtime.response", "status": status, "status_details": details,
                 "output": output, "output_modalities": [r.modality], "usage": _usage(usage)}  # fmt: skip
 
-    def _started(self, turn: int) -> tuple[_Response, list[Event]]:
+    def _begin(self, turn: int) -> tuple[_Response, list[Event]]:
+        """The turn's response, `response.created` when it is new."""
         r = self._responses.get(turn)
         if r is not None:
             return r, []
         r = self._responses[turn] = _Response(new_id("resp"), new_id("item"), self.modality)
+        return r, [{"type": "response.created", "response": self._response(r, "in_progress")}]
+
+    def _started(self, turn: int) -> tuple[_Response, list[Event]]:
+        """The turn's response with its message item (added at its first text or audio)."""
+        r, out = self._begin(turn)
+        if r.message is not None:
+            return r, out
+        r.message, r.outputs = r.outputs, r.outputs + 1
         self._assistant[r.item_id] = turn
         if len(self._assistant) > 256:  # only recent items can be truncated; the map stays bounded
             del self._assistant[next(iter(self._assistant))]
         part = {"type": "audio", "transcript": ""} if r.modality == "audio" else {"type": "text", "text": ""}
         item = self._item(r, "in_progress")
-        return r, [
-            {"type": "response.created", "response": self._response(r, "in_progress")},
-            {"type": "response.output_item.added", "response_id": r.id, "output_index": 0, "item": item},
+        return r, out + [
+            {"type": "response.output_item.added", "response_id": r.id, "output_index": r.message, "item": item},
             *self.added(item),
             {"type": "response.content_part.added", **self._where(r), "part": part},
         ]
 
     def _done(self, turn: int, body: dict[str, Any]) -> list[Event]:
+        r = self._responses.get(turn)
+        if r is not None and r.calls and r.message is None:  # a response that only called functions
+            self._responses.pop(turn, None)
+            status = "cancelled" if body.get("interrupted") else "completed"
+            return [{"type": "response.done", "response": self._response(r, status, None, body.get("usage"))}]
         r, out = self._started(turn)
         self._responses.pop(turn, None)
         interrupted = bool(body.get("interrupted"))
@@ -168,7 +215,7 @@ class Translator:
         item = self._item(r, "incomplete" if interrupted else "completed")
         return out + [
             {"type": "response.content_part.done", **where, "part": part},
-            {"type": "response.output_item.done", "response_id": r.id, "output_index": 0, "item": item},
+            {"type": "response.output_item.done", "response_id": r.id, "output_index": r.message, "item": item},
             {"type": "conversation.item.done", "previous_item_id": None, "item": item},
             {"type": "response.done", "response": self._response(r, status, reason, body.get("usage"))},
         ]
