@@ -118,7 +118,7 @@ async def test_a_spoken_turn_arrives_as_its_span_tree(live_server, exporting, qu
 async def test_a_collector_that_never_answers_changes_nothing_but_the_drop_count(live_server, exporting, question_16k) -> None:
     hung = OtlpReceiver(hang=True)
     try:
-        tel = exporting(hung, max_queue_spans=6, max_export_batch=2, export_timeout_s=30.0)
+        tel = exporting(hung, max_queue_spans=6, max_export_batch=2, export_timeout_s=5.0)
         _, trace = await spoken_turn(live_server, question_16k)
         hung.wait(lambda r: r.requests >= 1)
         text = await metrics_text(live_server)
