@@ -330,3 +330,18 @@ def test_decode_path_says_when_lone_requests_speculate_instead(smol_int4) -> Non
     engine = Engine(target, tokenizer, max_seq_len=SEQ, max_slots=2, draft=draft)
     assert engine.native is not None
     assert engine.decode_path.startswith("compiled CPU step") and engine.decode_path.endswith("speculates (torch)")
+
+
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_a_team_of_any_size_gets_the_same_logits(threads: int) -> None:
+    """The step's own barrier (barrier.h) with one thread, and with more threads than this machine has cores, where
+    waiters run out of spin and sleep: every step still equals the float forward, and the next step sees this one's keys."""
+    model = tiny("int4", head_dim=64)
+    ref_cache, cache = cache_for(model), cache_for(model)
+    decoder = NativeDecoder(model, cache, threads=threads)
+    prefill(model, [ref_cache, cache], 0, [(3 * i + 1) % 300 for i in range(40)])
+    tokens, positions, slots = [17], [40], [0]
+    for _ in range(8):
+        want = reference_step(model, ref_cache, tokens, positions, slots)
+        assert relative_error(decoder.decode(tokens, positions, slots), want) < 2e-3
+        tokens, positions = [int(want.argmax(-1)[0])], [positions[0] + 1]
