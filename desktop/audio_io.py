@@ -109,8 +109,9 @@ class SoundDeviceIO:
 
         istream = sd.InputStream(device=self._in.index, channels=1, samplerate=self.input_rate, dtype="float32",
                                  blocksize=self.input_rate * self._block_ms // 1000, callback=in_cb)
+        # latency="low": the device's own buffer is the last prebuffer before the ear (sounddevice's default is "high")
         ostream = sd.OutputStream(device=self._out.index, channels=1, samplerate=self.output_rate, dtype="float32",
-                                  blocksize=self.output_rate * self._block_ms // 1000, callback=out_cb)
+                                  blocksize=self.output_rate * self._block_ms // 1000, latency="low", callback=out_cb)
         self.output_latency_s = float(ostream.latency)
         self._streams = [istream, ostream]
         for s in self._streams:
