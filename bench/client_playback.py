@@ -4,23 +4,25 @@ and output stream), against one real server; underruns counted; prints a table a
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.client_playback [--server URL] [--turns 8] [--tiny]
 
-Typed turns (no speech to recognise: what the clients do is measured, not the server). The desktop client here
-plays into a fake sound card (no audio device on this machine), so its output latency is 0 and its number is what the
-client itself adds; a real device adds the latency it reports (shown by `parley client` per turn). The browser's
-number is to the output, its reported latency (baseLatency + outputLatency) included.
+Typed turns (no speech to recognise: what the clients do is measured, not the server). `desktop` plays into a fake
+sound card (output latency 0: its number is what the client itself adds); `desktop-pulse` through a real PortAudio
+stream (sounddevice, ALSA's pulse plugin) into a private PulseAudio null sink, its reported output latency included
+(`--pulse-latency high` opens it as sounddevice does by default, as the client did before). The browser's number is to
+the output, its reported latency (baseLatency + outputLatency) included.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import _stats
+from bench import _pulse, _stats
 from bench._server import machine, start_server
 from bench.corpus import REQUESTS
 
@@ -39,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server", help="URL of a running server (default: start `parley serve` on a free port)")
     p.add_argument("--turns", type=int, default=8, help="typed turns per client (default 8)")
     p.add_argument("--persona", default="concise", help="persona to talk to (default concise: short replies)")
-    p.add_argument("--clients", default="browser,desktop", help="which clients to measure (default browser,desktop)")
+    p.add_argument("--clients", default="browser,desktop", help="which clients to measure, of browser, desktop and "
+                   "desktop-pulse (default browser,desktop)")
+    p.add_argument("--pulse-latency", default="low", help="desktop-pulse: the output stream's latency (default low)")
     p.add_argument("--prebuffer-ms", type=float, default=0.0,
                    help="the desktop jitter buffer's starting target (default 0: play the first message at once)")
     p.add_argument("--turn-timeout", type=float, default=120.0, help="seconds a turn may take (default 120)")
@@ -91,13 +95,14 @@ def browser_replies(url: str, texts: list[str], persona: str, timeout_s: float) 
 
 # ---- desktop ----------------------------------------------------------------------------------------------------
 
-async def desktop_replies(url: str, texts: list[str], persona: str, prebuffer_ms: float,
-                          timeout_s: float) -> tuple[list[dict[str, Any]], str]:
-    """The same from the desktop client on a fake sound card."""
+async def desktop_replies(url: str, texts: list[str], persona: str, prebuffer_ms: float, timeout_s: float,
+                          pulse_latency: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The same from the desktop client, on a fake sound card or (pulse_latency given) the default PortAudio devices."""
     from desktop.app import ClientOptions, DesktopClient
-    from desktop.audio_io import ArrayAudioIO
+    from desktop.audio_io import ArrayAudioIO, AudioIO, SoundDeviceIO
 
-    audio = ArrayAudioIO(input_rate=48000, output_rate=48000)
+    audio: AudioIO = ArrayAudioIO(input_rate=48000, output_rate=48000) if pulse_latency is None else \
+        SoundDeviceIO(output_latency=pulse_latency)
     from desktop.connection import ws_url
 
     opts = ClientOptions(url=ws_url(url), persona=persona, echo="off", prebuffer_ms=prebuffer_ms)
@@ -129,6 +134,16 @@ async def desktop_replies(url: str, texts: list[str], persona: str, prebuffer_ms
              else r.client_playback_ms - (r.output_latency_ms or 0.0), "output_latency_ms": r.output_latency_ms,
              "underruns": r.underruns} for r in client.latency.rows() if r.client_playback_ms is not None]
     return rows, client.info.session_id if client.info else ""
+
+
+def pulse_replies(url: str, texts: list[str], args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
+    if not _pulse.available():
+        raise SystemExit("desktop-pulse needs pulseaudio and pactl (apt-get install pulseaudio pulseaudio-utils "
+                         "libasound2-plugins)")
+    with _pulse.private_pulseaudio() as env:
+        os.environ.update(env)  # before PortAudio starts (sounddevice is first imported below)
+        return asyncio.run(desktop_replies(url, texts, args.persona, args.prebuffer_ms, args.turn_timeout,
+                                           args.pulse_latency))
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
@@ -181,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows, session = browser_replies(url, texts, args.persona, args.turn_timeout)
             elif name == "desktop":
                 rows, session = asyncio.run(desktop_replies(url, texts, args.persona, args.prebuffer_ms, args.turn_timeout))
+            elif name == "desktop-pulse":
+                rows, session = pulse_replies(url, texts, args)
             else:
                 raise SystemExit(f"unknown client {name!r}: browser or desktop")
             summary = summarize(rows, traced_count(server_traces(url), session))

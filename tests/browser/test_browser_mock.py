@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import corpus
-from browser_harness import MockProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect
+from browser_harness import MockProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect, wait_page
 
 pytestmark = pytest.mark.browser
 
@@ -290,18 +290,18 @@ def test_a_reply_that_runs_dry_counts_an_underrun_and_raises_the_jitter_target(l
     """The mock's speech stalls 600 ms after its first 200 ms (a TTS that fell behind): the reply runs dry part-way and
     goes on. That is an underrun (counted, sent on the marks), the next start waits for a larger jitter target, and
     every sample received is still played."""
-    server = mock_server(tmp_path, json.dumps({"reply_s": 1.0, "stall_after": 2, "stall_s": 0.6}))
+    server = mock_server(tmp_path, json.dumps({"greeting": "Hi.", "reply_s": 1.0, "stall_after": 2, "stall_s": 0.6}))
     server.start()
     try:
         page = launch(silent_wav)
         sent: list[dict] = []
         page.on("websocket", lambda ws: ws.on("framesent", lambda p: sent.append(json.loads(p)) if isinstance(p, str) else None))
         open_page(page, server)
-        page.wait_for_function("window.parleyStats.done.length >= 1 && window.parley.player.idle")  # the greeting
+        wait_page(page, "window.parleyStats.done.length >= 1 && window.parley.player.idle", 60_000, server)  # the greeting
         page.fill("#text", "hello there")
         page.press("#text", "Enter")
-        page.wait_for_function("window.parleyStats.done.length >= 2 && window.parley.player.idle")
-        page.wait_for_function("Object.keys(window.parleyStats.playbackStart).length >= 2")
+        wait_page(page, "window.parleyStats.done.length >= 2 && window.parley.player.idle", 60_000, server)
+        wait_page(page, "Object.keys(window.parleyStats.playbackStart).length >= 2", 60_000, server)
         s = stats(page)
     finally:
         server.kill()

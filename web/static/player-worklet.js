@@ -138,19 +138,19 @@ class PlayerProcessor extends AudioWorkletProcessor {
     const out = outputs[0];
     const left = out[0]; // [128]
     let i = 0;
+    if (this.dryTurn !== null && !this.held && this.read < this.write) {
+      if (this.dryTurn === this.segments[0].turnId && this.turnId === this.dryTurn) {
+        // the turn ran dry part-way and goes on: an underrun; this resume and later starts wait for a larger target
+        this.turnUnderruns += 1;
+        this.underruns += 1;
+        this.target = Math.min(Math.round((MAX_TARGET_MS * sampleRate) / 1000), this.target + Math.round((STEP_MS * sampleRate) / 1000));
+        this.port.postMessage({ type: "underrun", turnId: this.turnId, underruns: this.turnUnderruns, targetMs: (this.target * 1000) / sampleRate, frame: currentFrame });
+      }
+      this.dryTurn = null;
+    }
     const ready = !this.held && this.read < this.write && !this.waiting(left.length);
     while (ready && i < left.length && this.read < this.write) {
       const seg = this.segments[0];
-      if (this.dryTurn !== null) {
-        if (this.dryTurn === seg.turnId && this.turnId === seg.turnId) {
-          // the turn ran dry part-way and goes on: an underrun; wait longer from now on
-          this.turnUnderruns += 1;
-          this.underruns += 1;
-          this.target = Math.min(Math.round((MAX_TARGET_MS * sampleRate) / 1000), this.target + Math.round((STEP_MS * sampleRate) / 1000));
-          this.port.postMessage({ type: "underrun", turnId: seg.turnId, underruns: this.turnUnderruns, targetMs: (this.target * 1000) / sampleRate, frame: currentFrame + i });
-        }
-        this.dryTurn = null;
-      }
       if (this.turnId !== seg.turnId) {
         if (this.turnId !== null) {
           this.endTurn();
