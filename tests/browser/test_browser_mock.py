@@ -277,6 +277,7 @@ def test_each_reply_reports_the_clients_own_playback_start(launch, mock, silent_
         start = s["playbackStart"][turn]
         assert isinstance(start["startMs"], (int, float)) and math.isfinite(start["startMs"]) and start["startMs"] >= 0
         assert start["renderMs"] >= 0 and start["outputLatencyMs"] >= 0 and start["targetMs"] >= 0
+        assert start["clock"] in ("output-timestamp", "estimate")
         assert isinstance(s["underruns"][turn], int) and s["underruns"][turn] >= 0
         firsts = [m for m in sent if m.get("type") == "playback.mark" and m["turn_id"] == int(turn) and "start_ms" in m]
         assert [m["start_ms"] for m in firsts] == [round(start["startMs"], 1)], firsts  # once, with the first mark

@@ -345,7 +345,7 @@ function sendMark(turnId, samples, paused = false, startMs = null) {
 }
 
 player.addEventListener("started", (ev) => {
-  const { turnId, at, startMs, renderMs, outputLatencyMs, targetMs } = ev.detail;
+  const { turnId, at, startMs, renderMs, outputLatencyMs, targetMs, clock } = ev.detail;
   const t = log.turn(turnId);
   let firstStartMs = null;
   if (t.firstPlayedAt === null) {
@@ -353,7 +353,7 @@ player.addEventListener("started", (ev) => {
     // the client's own share: first audio message in to first sample out (docs/protocol.md, Client playback start)
     if (typeof startMs === "number") {
       firstStartMs = t.playbackStartMs = startMs;
-      stats.playbackStart[turnId] = { startMs, renderMs, outputLatencyMs, targetMs };
+      stats.playbackStart[turnId] = { startMs, renderMs, outputLatencyMs, targetMs, clock };
       stats.underruns[turnId] = 0;
       log.render(turnId);
     }

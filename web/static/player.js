@@ -131,26 +131,31 @@ export class Player extends EventTarget {
     return c ? ((c.baseLatency || 0) + (c.outputLatency || 0)) * 1000 : 0;
   }
 
-  // Page time at which context frame `frame` leaves the output: from the context's output timestamp where it has one,
-  // else from when its report came (`reportAt`) plus the output latency.
-  frameOutputAt(frame, reportAt) {
+  // Page time at which context frame `frame` leaves the output, and how it was found: from the context's output
+  // timestamp ("output-timestamp") where it has a live one, else ("estimate") from when its report came (`reportAt`)
+  // plus the output latency. A context that has only just started can give a stale timestamp: one placing the sample
+  // before `notBefore` (it cannot play before it arrived) is not used.
+  frameOutputAt(frame, reportAt, notBefore = -Infinity) {
     const c = this.context;
     const ts = c?.getOutputTimestamp?.();
-    if (ts && ts.performanceTime > 0) return ts.performanceTime + (frame / c.sampleRate - ts.contextTime) * 1000;
-    const ahead = c ? (frame / c.sampleRate - c.currentTime) * 1000 : 0;
-    return reportAt + ahead + this.outputLatencyMs();
+    if (ts && ts.performanceTime > 0 && ts.contextTime > 0) {
+      const at = ts.performanceTime + (frame / c.sampleRate - ts.contextTime) * 1000;
+      if (at >= notBefore) return { at, clock: "output-timestamp" };
+    }
+    const ahead = c ? Math.max(0, (frame / c.sampleRate - c.currentTime) * 1000) : 0;
+    return { at: reportAt + ahead + this.outputLatencyMs(), clock: "estimate" };
   }
 
-  // {arrivedAt, playedAt, startMs, renderMs, outputLatencyMs} of a turn's first sample: startMs to the output,
+  // {arrivedAt, playedAt, startMs, renderMs, outputLatencyMs, clock} of a turn's first sample: startMs to the output,
   // renderMs to the worklet's report that it rendered it (an upper bound of what the page itself adds); null without
   // an arrival.
   playbackStart(turnId, frame, reportAt) {
     const arrivedAt = this.arrivals.get(turnId) ?? null;
     this.arrivals.delete(turnId);
-    const playedAt = this.frameOutputAt(frame, reportAt);
+    const { at: playedAt, clock } = this.frameOutputAt(frame, reportAt, arrivedAt ?? -Infinity);
     const startMs = arrivedAt === null ? null : playedAt - arrivedAt;
     const renderMs = arrivedAt === null ? null : reportAt - arrivedAt;
-    return { arrivedAt, playedAt, startMs, renderMs, outputLatencyMs: this.outputLatencyMs() };
+    return { arrivedAt, playedAt, startMs, renderMs, outputLatencyMs: this.outputLatencyMs(), clock };
   }
 
   samplesToMs(samples) {
