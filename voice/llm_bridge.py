@@ -99,6 +99,7 @@ class LlmBridge:
     """Wraps one started Engine (or anything with its submit/release/active_slots shape)."""
 
     probes_user_end = True  # prefill(probe_user_end=True) reads the end-of-turn probability (voice.remote.llm: no)
+    local_cache = True  # prefill() fills a cache here, for the cost of the new tokens alone (voice.remote.llm: no)
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine

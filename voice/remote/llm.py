@@ -42,6 +42,7 @@ class RemoteCall:
 
 class RemoteLlm:
     probes_user_end = False  # see the module doc
+    local_cache = False  # a prefill is a whole request to the server
 
     def __init__(self, spec: RemoteSpec) -> None:
         self.spec = spec
