@@ -47,7 +47,36 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
         for (int c = 0; c < C; ++c) qv[g][c] = load(q + g * d + 16 * c);
     float top[G];
     for (int g = 0; g < G; ++g) top[g] = -INFINITY;
-    for (int t = t0; t < t1; ++t) {
+    // Four cached positions at a time: their G x 4 dot products stay in registers and each head's four
+    // are reduced together (sum4), then scaled once per position. One horizontal sum per position and
+    // head, with the code conversion beside it, made the int8 cache compute-bound (1.03x float16's speed
+    // at 2,000 positions where it reads half the bytes).
+    constexpr int B = 4;
+    int t = t0;
+    // (G = 8 would hold 32 accumulators: it keeps one position at a time.)
+    for (const int full = G <= 4 ? std::min(t1, cached) : t0; t + B <= full; t += B) {
+        V acc[G][B];
+        for (int b = 0; b < B; ++b) {
+            V k[C];
+            for (int c = 0; c < C; ++c) k[c] = load(keys + (size_t)(t + b) * d + 16 * c);
+            for (int g = 0; g < G; ++g) {
+                acc[g][b] = mul(qv[g][0], k[0]);
+                for (int c = 1; c < C; ++c) acc[g][b] = fma(qv[g][c], k[c], acc[g][b]);
+            }
+        }
+        float ks[B];
+        for (int b = 0; b < B; ++b) ks[b] = scale * k_scale(t + b);
+        for (int g = 0; g < G; ++g) {
+            float dots[B];
+            sum4(acc[g], dots);
+            float* dst = scores + (size_t)g * n + (t - t0);
+            for (int b = 0; b < B; ++b) {
+                dst[b] = dots[b] * ks[b];
+                top[g] = std::max(top[g], dst[b]);
+            }
+        }
+    }
+    for (; t < t1; ++t) {  // the rest, and the row's own key
         V k[C];
         for (int c = 0; c < C; ++c) k[c] = load(k_at(t) + 16 * c);
         const float ks = scale * k_scale(t);
@@ -66,6 +95,8 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
         exp_inplace(s, n);
         total[g] = 0.f;
         for (int i = 0; i < n; ++i) total[g] += s[i];
+        if constexpr (coded)  // the value scales, once per position and head: weights of the codes
+            for (int i = 0; i < n; ++i) s[i] *= v_scale(t0 + i);
     }
     V o[G][C];
     for (int g = 0; g < G; ++g)
@@ -73,9 +104,8 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     for (int t = t0; t < t1; ++t) {
         V v[C];
         for (int c = 0; c < C; ++c) v[c] = load(v_at(t) + 16 * c);
-        const float vs = v_scale(t);
         for (int g = 0; g < G; ++g) {
-            const V p = set1(scores[(size_t)g * n + (t - t0)] * vs);
+            const V p = set1(scores[(size_t)g * n + (t - t0)]);
             for (int c = 0; c < C; ++c) o[g][c] = fma(p, v[c], o[g][c]);
         }
     }

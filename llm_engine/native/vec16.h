@@ -33,6 +33,8 @@ inline V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline float sum(V a) { return _mm512_reduce_add_ps(a.v); }
+// The sums of four vectors, once: out[i] = sum(a[i]) (a transposed add, not four horizontal ones).
+inline __m256 fold(V a) { return _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1))); }
 // 16 signed bytes -> 16 floats.
 inline V from_i8(const int8_t* p) {
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
@@ -83,6 +85,7 @@ inline float sum(V x) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+inline __m256 fold(V x) { return _mm256_add_ps(x.a, x.b); }
 inline __m256 u8x8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
 inline void store(float* p, V x) {
     _mm256_storeu_ps(p, x.a);
@@ -158,6 +161,9 @@ inline V from_i8(const int8_t* p) {
     return r;
 }
 inline void store(float* p, V a) { std::memcpy(p, a.v, sizeof a.v); }
+inline void sum4(const V* a, float* out) {
+    for (int i = 0; i < 4; ++i) out[i] = sum(a[i]);
+}
 inline V exp(V a) {
     for (int i = 0; i < 16; ++i) a.v[i] = std::exp(a.v[i]);
     return a;
@@ -167,6 +173,18 @@ inline void nibbles(const uint8_t* p, V& low, V& high) {
         low.v[i] = (float)(p[i] & 0x0F);
         high.v[i] = (float)(p[i] >> 4);
     }
+}
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// out[i] = sum(a[i]) for four vectors at once: each folded to eight floats, then transposed and added, so
+// the shuffles are shared (a quarter of four horizontal sums' work).
+inline void sum4(const V* a, float* out) {
+    const __m256 b0 = fold(a[0]), b1 = fold(a[1]), b2 = fold(a[2]), b3 = fold(a[3]);
+    const __m256 u01 = _mm256_add_ps(_mm256_unpacklo_ps(b0, b1), _mm256_unpackhi_ps(b0, b1));
+    const __m256 u23 = _mm256_add_ps(_mm256_unpacklo_ps(b2, b3), _mm256_unpackhi_ps(b2, b3));
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, 0x44), _mm256_shuffle_ps(u01, u23, 0xEE));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1)));
 }
 #endif
 
