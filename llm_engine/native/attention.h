@@ -90,13 +90,24 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     }
     float total[G];
     for (int g = 0; g < G; ++g) {
+        // e^(s - top) in place and its sum, sixteen at a time (a scalar running sum was a chain of n
+        // dependent adds per head: ~30 % of the kernel's time, measured alone at 2,000 positions)
         float* s = scores + (size_t)g * n;
-        for (int i = 0; i < n; ++i) s[i] -= top[g];
-        exp_inplace(s, n);
-        total[g] = 0.f;
-        for (int i = 0; i < n; ++i) total[g] += s[i];
-        if constexpr (coded)  // the value scales, once per position and head: weights of the codes
-            for (int i = 0; i < n; ++i) s[i] *= v_scale(t0 + i);
+        const V m = set1(top[g]);
+        V acc = zero();
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const V e = exp(sub(load(s + i), m));
+            store(s + i, e);
+            acc = add(acc, e);
+        }
+        total[g] = sum(acc);
+        for (; i < n; ++i) total[g] += s[i] = std::exp(s[i] - top[g]);
+        if constexpr (coded) {  // the value scales, once per position and head: weights of the codes
+            const int own = std::max(0, std::min(n, cached - t0));
+            for (i = 0; i < own; ++i) s[i] *= sc.v[t0 + i];
+            for (; i < n; ++i) s[i] *= sc.v_own;
+        }
     }
     V o[G][C];
     for (int g = 0; g < G; ++g)

@@ -32,6 +32,7 @@ inline V load(const half* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const
 inline V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline float sum(V a) { return _mm512_reduce_add_ps(a.v); }
 // The sums of four vectors, once: out[i] = sum(a[i]) (a transposed add, not four horizontal ones).
 inline __m256 fold(V a) { return _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1))); }
@@ -78,6 +79,7 @@ inline V load(const half* p) {
 inline V mul(V x, V y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 inline V fma(V x, V y, V z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
 inline V add(V x, V y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+inline V sub(V x, V y) { return {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
 inline float sum(V x) {
     const __m256 v = _mm256_add_ps(x.a, x.b);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -148,6 +150,10 @@ inline V fma(V a, V b, V c) {
 }
 inline V add(V a, V b) {
     for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
+    return a;
+}
+inline V sub(V a, V b) {
+    for (int i = 0; i < 16; ++i) a.v[i] -= b.v[i];
     return a;
 }
 inline float sum(V a) {
