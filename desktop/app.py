@@ -35,7 +35,8 @@ class ClientOptions:
     push_to_talk: bool = False
     echo: EchoMode | Literal["auto"] = "auto"
     block_ms: int = 20
-    prebuffer_ms: float = 80.0
+    prebuffer_ms: float = 0.0  # jitter target at start: play a reply's first message as soon as it arrives
+    max_prebuffer_ms: float = 200.0  # each underrun raises the target 20 ms, up to this (desktop/jitter.py)
     mark_interval_ms: float = 250.0
     reconnect_for_s: float = 120.0  # give up when a lost server has not come back for this long
 
@@ -53,7 +54,7 @@ class DesktopClient:
         self.audio = audio
         self.view = view or ClientView()
         self.echo = echo or make_echo_control(opts.echo, opts.block_ms)
-        self.jitter = JitterBuffer(audio.output_rate, opts.prebuffer_ms)
+        self.jitter = JitterBuffer(audio.output_rate, opts.prebuffer_ms, max_prebuffer_ms=opts.max_prebuffer_ms)
         self._held_since: float | None = None  # perf_counter when playback was paused for speech over it
         self.latency = LatencyBook()
         self.voiced = VoicedClock()
@@ -248,11 +249,15 @@ class DesktopClient:
                     if status is not None and status.finished:  # cleared before a sample was played
                         del self._turn_rs[turn_id]
                     continue
-                self.latency.on_playback_start(turn_id, status.started_at_s)
+                first = turn_id not in self._marked
+                self.latency.on_playback_start(turn_id, status.started_at_s, status.start_ms,
+                                               self.audio.output_latency_s * 1000.0, status.underruns)
                 if self._marked.get(turn_id) != status.played_ms:
                     self._marked[turn_id] = status.played_ms
+                    start_ms = round(status.start_ms, 1) if first and status.start_ms is not None else None
                     await self._conn.send_json(PlaybackMark(type="playback.mark", turn_id=turn_id,
-                                                            played_ms=round(status.played_ms, 1)))
+                                                            played_ms=round(status.played_ms, 1), start_ms=start_ms,
+                                                            underruns=status.underruns))
                 if status.finished:
                     del self._turn_rs[turn_id]
             self.view.turns = self.latency.rows()
@@ -282,6 +287,7 @@ class DesktopClient:
         self.persona, self.voice = info.persona, info.voice
 
     def _on_audio(self, data: bytes) -> None:
+        arrival_s = time.perf_counter()  # the client's playback start counts from here (desktop/jitter.py)
         turn_id, seq, pcm16 = unpack_audio(data)
         if self.info is None:
             return
@@ -291,7 +297,7 @@ class DesktopClient:
             rs = self._turn_rs[turn_id] = soxr.ResampleStream(self.info.output_sample_rate, self.audio.output_rate,
                                                                1, dtype="float32")
         out = rs.resample_chunk(pcm) if self.info.output_sample_rate != self.audio.output_rate else pcm
-        if self.jitter.push(turn_id, seq, out):
+        if self.jitter.push(turn_id, seq, out, arrival_s):
             self.view.state = "speaking"
 
     def _on_message(self, msg: dict[str, Any]) -> None:

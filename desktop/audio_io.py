@@ -83,7 +83,8 @@ def _pick(devices: list[DeviceInfo], wanted: str | None, kind: str) -> DeviceInf
 class SoundDeviceIO:
     """Microphone and speaker through two sounddevice streams, each at its device's own rate."""
 
-    def __init__(self, input_device: str | None = None, output_device: str | None = None, block_ms: int = 20) -> None:
+    def __init__(self, input_device: str | None = None, output_device: str | None = None, block_ms: int = 20,
+                 output_latency: str | float = "low") -> None:
         devices = list_devices()
         self._in = _pick(devices, input_device, "input")
         self._out = _pick(devices, output_device, "output")
@@ -91,6 +92,7 @@ class SoundDeviceIO:
         self.output_rate = int(self._out.default_sample_rate)
         self.output_latency_s = 0.0
         self._block_ms = block_ms
+        self._latency = output_latency  # PortAudio's suggested output latency: "low", "high" or seconds
         self._streams: list[Any] = []
 
     @property
@@ -109,8 +111,10 @@ class SoundDeviceIO:
 
         istream = sd.InputStream(device=self._in.index, channels=1, samplerate=self.input_rate, dtype="float32",
                                  blocksize=self.input_rate * self._block_ms // 1000, callback=in_cb)
+        # "low" by default: the device's own buffer is the last prebuffer before the ear (sounddevice's default: "high")
         ostream = sd.OutputStream(device=self._out.index, channels=1, samplerate=self.output_rate, dtype="float32",
-                                  blocksize=self.output_rate * self._block_ms // 1000, callback=out_cb)
+                                  blocksize=self.output_rate * self._block_ms // 1000, latency=self._latency,
+                                  callback=out_cb)
         self.output_latency_s = float(ostream.latency)
         self._streams = [istream, ostream]
         for s in self._streams:

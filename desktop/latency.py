@@ -40,6 +40,9 @@ class TurnLatency:
     speech_end_s: float | None = None
     playback_start_s: float | None = None
     interrupted: bool = False
+    client_playback_ms: float | None = None  # first audio arrival to first sample at the speaker (output latency in)
+    output_latency_ms: float | None = None  # of that, what the output device reports as its own latency
+    underruns: int = 0  # times the reply ran dry part-way and rebuffered
 
     @property
     def mic_to_ear_ms(self) -> float | None:
@@ -70,10 +73,13 @@ class LatencyBook:
     def on_typed(self, turn_id: int, text: str) -> None:
         self._rows[turn_id] = replace(self._row(turn_id), user_text=text)
 
-    def on_playback_start(self, turn_id: int, at_s: float) -> None:
+    def on_playback_start(self, turn_id: int, at_s: float, client_playback_ms: float | None = None,
+                          output_latency_ms: float | None = None, underruns: int = 0) -> None:
         row = self._row(turn_id)
         if row.playback_start_s is None:
-            self._rows[turn_id] = replace(row, playback_start_s=at_s)
+            row = replace(row, playback_start_s=at_s, client_playback_ms=client_playback_ms,
+                          output_latency_ms=output_latency_ms)
+        self._rows[turn_id] = replace(row, underruns=underruns)
 
     def on_trace(self, turn_id: int, stages_ms: dict[str, float], budgets_ms: dict[str, float],
                  over_budget: list[str]) -> None:

@@ -47,7 +47,8 @@ def latency_table(turns: list[TurnLatency], budgets_ms: dict[str, float], last: 
     """One row per turn: the server's stages, mic-to-ear measured here, red where over budget."""
     table = Table(title="latency per turn (ms)", title_justify="left", expand=False, box=box.SIMPLE_HEAD,
                   padding=(0, 1, 0, 0), pad_edge=False,
-                  caption="server stages; v2v = voice_to_voice; mic→ear measured by this client; red = over budget",
+                  caption="server stages; v2v = voice_to_voice; mic→ear and play (first audio in to first sample at the "
+                          "speaker) measured by this client; red = over budget",
                   caption_justify="left")
     table.add_column("turn", justify="right", no_wrap=True)
     table.add_column("you said", max_width=14, overflow="ellipsis", no_wrap=True)
@@ -57,10 +58,11 @@ def latency_table(turns: list[TurnLatency], budgets_ms: dict[str, float], last: 
         table.add_column(name if budget is None else f"{name}\n≤{budget:.0f}", justify="right", no_wrap=True,
                          min_width=max(len(name), 5))
     table.add_column("mic→ear", justify="right", no_wrap=True, min_width=7)
+    table.add_column("play", justify="right", no_wrap=True, min_width=4)
     for row in turns[-last:]:
         label = (row.user_text or "(greeting)") + (" (interrupted)" if row.interrupted else "")
         cells = [_ms(row.stages_ms.get(s), budgets_ms.get(s)) for s in STAGE_COLUMNS]
-        table.add_row(str(row.turn_id), label, *cells, _ms(row.mic_to_ear_ms))
+        table.add_row(str(row.turn_id), label, *cells, _ms(row.mic_to_ear_ms), _ms(row.client_playback_ms))
     return table
 
 

@@ -82,6 +82,10 @@ class PlaybackMark(_Msg):
     turn_id: int = Field(ge=0, le=MAX_TURN_ID)
     played_ms: float = Field(ge=0, le=MAX_PLAYED_MS)
     paused: bool = False  # playback is paused here (speech over the reply) until the next mark
+    # the client's own playback start (docs/protocol.md, Client playback start): ms from the turn's first audio message
+    # arriving to its first sample played, and the times it has run dry part-way; the server's trace carries them
+    start_ms: float | None = Field(default=None, ge=0, le=MAX_PLAYED_MS)
+    underruns: int | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class SessionUpdate(_Msg):

@@ -120,6 +120,7 @@ class Connection:
         self.close_code = P.CLOSE_NORMAL
         self._dropped: dict[str, int] = {}  # messages dropped by a limit, per error code, since its last error
         self._last_error_s: dict[str, float] = {}
+        self._client_playback: dict[int, dict[str, float]] = {}  # turn -> the client's own start_ms / underruns
         self._writing = False
         self._opened_at = self._active_at = time.monotonic()
         self._stop = asyncio.Event()
@@ -248,6 +249,7 @@ class Connection:
         elif isinstance(msg, P.ResponseCancel):
             session.cancel_reply()
         elif isinstance(msg, P.PlaybackMark):
+            self._note_client_playback(msg)  # before the mark: the first mark may release the turn's held trace
             session.playback_mark(msg.turn_id, msg.played_ms, arrival_ns, paused=msg.paused)
         elif isinstance(msg, P.SessionUpdate):
             session.update(msg.persona, msg.voice)
@@ -292,7 +294,20 @@ class Connection:
             "voices": [{"name": n, "backend": v.backend, "description": v.description} for n, v in cfg.voices.items()],
         }
 
+    def _note_client_playback(self, msg: P.PlaybackMark) -> None:
+        """Keep what the client measured of its own playback for the turn's trace (the log, /api/traces)."""
+        if msg.start_ms is None and msg.underruns is None:
+            return
+        seen = self._client_playback.setdefault(msg.turn_id, {})
+        if msg.start_ms is not None:
+            seen.setdefault("client_playback_ms", round(msg.start_ms, 1))
+        if msg.underruns is not None:
+            seen["client_underruns"] = msg.underruns
+        while len(self._client_playback) > 16:  # turns without a trace (greetings) must not pile up
+            self._client_playback.pop(next(iter(self._client_playback)))
+
     def _on_trace(self, trace: TurnTrace) -> None:
+        trace.info.update(self._client_playback.pop(trace.turn_id, {}))
         self.state.record_turn(trace)
 
     def _error(self, code: str, message: str, *, fatal: bool = False, **extra: object) -> None:

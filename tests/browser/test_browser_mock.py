@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import corpus
-from browser_harness import MockProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect
+from browser_harness import MockProcess, mic_wav, mock_server, page_stats, restart_and_expect_reconnect, wait_page
 
 pytestmark = pytest.mark.browser
 
@@ -256,3 +256,61 @@ def test_phone_screen_fits_and_keyboard_reaches_every_control(launch, mock) -> N
     assert order[:6] == ["start", "persona", "voice", "transport", "text", "send"], order
     assert page.get_attribute("#partial", "aria-live") == "polite"
     assert page.get_attribute("#error", "role") == "alert"
+
+
+def test_each_reply_reports_the_clients_own_playback_start(launch, mock, silent_wav) -> None:
+    """From a reply's first audio message arriving to its first sample out: measured per reply on the page, shown in
+    its trace row and sent to the server once, on the reply's first playback.mark (shape, not speed)."""
+    page = launch(silent_wav)
+    sent: list[dict] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda p: sent.append(json.loads(p)) if isinstance(p, str) else None))
+    open_page(page, mock)
+    for n, text in enumerate(("hello there", "and once more"), start=1):
+        page.fill("#text", text)
+        page.press("#text", "Enter")
+        page.wait_for_function(f"window.parleyStats.done.length >= {n} && window.parley.player.idle")
+    page.wait_for_function("document.querySelectorAll('#traces li.trace').length >= 2")
+    s = stats(page)
+    turns = sorted(s["playbackStart"], key=int)
+    assert len(turns) >= 2, s["playbackStart"]
+    for turn in turns:
+        start = s["playbackStart"][turn]
+        assert isinstance(start["startMs"], (int, float)) and math.isfinite(start["startMs"]) and start["startMs"] >= 0
+        assert start["renderMs"] >= 0 and start["outputLatencyMs"] >= 0 and start["targetMs"] >= 0
+        assert start["clock"] in ("output-timestamp", "estimate")
+        assert isinstance(s["underruns"][turn], int) and s["underruns"][turn] >= 0
+        firsts = [m for m in sent if m.get("type") == "playback.mark" and m["turn_id"] == int(turn) and "start_ms" in m]
+        assert [m["start_ms"] for m in firsts] == [round(start["startMs"], 1)], firsts  # once, with the first mark
+        assert firsts[0]["played_ms"] == 0 and firsts[0]["underruns"] == s["underruns"][turn]
+        row = page.locator(f"#traces li.trace[data-turn='{turn}']")
+        if row.count():
+            assert row.locator("[data-field=client_playback]").inner_text() == f"{math.floor(start['startMs'] + 0.5)} ms"
+
+
+def test_a_reply_that_runs_dry_counts_an_underrun_and_raises_the_jitter_target(launch, tmp_path, silent_wav) -> None:
+    """The mock's speech stalls 600 ms after its first 200 ms (a TTS that fell behind): the reply runs dry part-way and
+    goes on. That is an underrun (counted, sent on the marks), the next start waits for a larger jitter target, and
+    every sample received is still played."""
+    server = mock_server(tmp_path, json.dumps({"greeting": "Hi.", "reply_s": 1.0, "stall_after": 2, "stall_s": 0.6}))
+    server.start()
+    try:
+        page = launch(silent_wav)
+        sent: list[dict] = []
+        page.on("websocket", lambda ws: ws.on("framesent", lambda p: sent.append(json.loads(p)) if isinstance(p, str) else None))
+        open_page(page, server)
+        wait_page(page, "window.parleyStats.done.length >= 1 && window.parley.player.idle", 60_000, server)  # the greeting
+        page.fill("#text", "hello there")
+        page.press("#text", "Enter")
+        wait_page(page, "window.parleyStats.done.length >= 2 && window.parley.player.idle", 60_000, server)
+        wait_page(page, "Object.keys(window.parleyStats.playbackStart).length >= 2", 60_000, server)
+        s = stats(page)
+    finally:
+        server.kill()
+    first, second = sorted(s["playbackStart"], key=int)[:2]
+    assert s["underruns"][first] >= 1 and s["underruns"][second] >= 1, s["underruns"]
+    assert s["playbackStart"][first]["targetMs"] == 0  # the first reply started at once
+    assert s["playbackStart"][second]["targetMs"] >= 20  # the greeting's underrun raised the target
+    for turn in (first, second):
+        assert abs(s["turnAudio"][turn]["playedS"] - s["receivedS"][turn]) < 0.01  # nothing lost to the rebuffer
+    marks = [m for m in sent if m.get("type") == "playback.mark" and m["turn_id"] == int(second)]
+    assert max(m.get("underruns", 0) for m in marks) == s["underruns"][second]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from bench._pulse import private_pulseaudio
 from support.mock_server import MockState, port_of, start_mock
 from support.sounds import speechlike
 from support.waiting import wait_for
@@ -37,22 +38,10 @@ sys.exit(main(load_config(), sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def pulse_env() -> Iterator[dict[str, str]]:
-    runtime = Path(f"/tmp/parley-pulse-{os.getpid()}")  # short: a unix socket path has a length limit
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PULSE_RUNTIME_PATH": str(runtime / "pulse")}
-    env.pop("PULSE_SERVER", None)
-    subprocess.run(["pulseaudio", "-D", "-n", "--exit-idle-time=-1", "--disallow-exit", "--log-target=stderr",
-                    "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=parley_out",
-                    "--load=module-null-sink sink_name=parley_mic"], env=env, check=True, timeout=30,
-                   capture_output=True)
-    pid = int((runtime / "pulse" / "pid").read_text())
-    try:
-        subprocess.run(["pactl", "set-default-sink", "parley_out"], env=env, check=True, timeout=10)
-        subprocess.run(["pactl", "set-default-source", "parley_mic.monitor"], env=env, check=True, timeout=10)
-        yield env
-    finally:
-        os.kill(pid, signal.SIGTERM)
-        shutil.rmtree(runtime, ignore_errors=True)
+    with private_pulseaudio() as env:
+        full = {**os.environ, **env}
+        full.pop("PULSE_SERVER", None)
+        yield full
 
 
 def test_list_devices_sees_the_virtual_device(pulse_env: dict[str, str]) -> None:

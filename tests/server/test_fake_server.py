@@ -211,3 +211,26 @@ def test_a_detection_that_needs_the_turn_model_is_refused_at_start_without_it(tm
             create_app(cfg, runtime=rt.Runtime(stages=stages, engine=engine))
     finally:
         engine.stop()
+
+
+async def test_the_clients_own_playback_start_reaches_the_turns_trace(fake_server: str) -> None:
+    """playback.mark's optional start_ms / underruns (docs/protocol.md, Client playback start): kept for the turn and
+    written into its trace (the log, /api/traces); a bad value is refused like any bad field."""
+    import json
+    import urllib.request
+
+    async with Client(fake_server) as c:
+        greeting = await c.start(persona="concise") and await c.wait_for("response.done")
+        turn = greeting["turn_id"] + 1
+        await c.send(type="input.text", text="hello")
+        await c.wait_for("audio", turn_id=turn)
+        await c.send(type="playback.mark", turn_id=turn, played_ms=0, start_ms=12.34, underruns=1)
+        await c.send(type="playback.mark", turn_id=turn, played_ms=100, start_ms=99.0, underruns=1)  # the first start counts
+        sent = await c.wait_for("turn.trace", turn_id=turn)
+        await c.send(type="playback.mark", turn_id=turn, played_ms=0, start_ms=-1)
+        err = await c.wait_for("error")
+        assert err["code"] == "invalid_message" and not err["fatal"]
+    http = fake_server.replace("ws://", "http://").removesuffix("/ws")
+    with urllib.request.urlopen(f"{http}/api/traces?limit=500", timeout=10) as r:
+        traces = [t for t in json.loads(r.read())["traces"] if t["session_id"] == sent["session_id"] and t["turn_id"] == turn]
+    assert [(t["client_playback_ms"], t["client_underruns"]) for t in traces] == [(12.3, 1)]

@@ -61,6 +61,7 @@ class MockState:
     updates: list[dict[str, Any]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # typed turns
     marks: list[tuple[int, float]] = field(default_factory=list)  # (turn, played_ms) of each playback.mark
+    mark_bodies: list[dict[str, Any]] = field(default_factory=list)  # each playback.mark as sent
     cancels: int = 0
     audio_bytes: int = 0
     speech_starts: int = 0  # times the energy detector heard speech begin
@@ -173,6 +174,7 @@ class _Session:
                 self.next_turn = self.start_reply(_persona(self.persona)["greeting"]) + 1
         elif kind == "playback.mark":
             self.state.marks.append((data["turn_id"], data["played_ms"]))
+            self.state.mark_bodies.append(data)
         else:
             await self.send({"type": "error", "code": "bad_message", "message": f"unknown type {kind}", "fatal": False})
 

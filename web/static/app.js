@@ -45,7 +45,7 @@ let lastMarkAt = 0;
 const stats = {
   framesSent: 0, voicedFramesSent: 0, micRms: 0,
   playedSamples: 0, audibleSamples: 0, peak: 0, maxPeak: 0, outputRate: null,
-  firstPlayed: {}, micToEar: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0, resumes: [],
+  firstPlayed: {}, micToEar: {}, playbackStart: {}, underruns: {}, turnAudio: {}, receivedS: {}, bargeIns: [], clears: [], errors: [], connections: [], done: [], holds: 0, releases: 0, resumes: [],
 };
 window.parleyStats = stats;
 window.parley = { conn, player, latency, stats, turn: (id) => log.get(id) };
@@ -194,7 +194,7 @@ conn.addEventListener("audio", (ev) => {
   const t = log.turn(turnId);
   if (!t.typed && t.voiceEndAt === null && !t.text) awaiting = false; // e.g. a greeting
   stats.receivedS[turnId] = (stats.receivedS[turnId] ?? 0) + player.samplesToMs(pcm.length) / 1000;
-  player.push(turnId, pcm);
+  player.push(turnId, pcm, ev.detail.at);
 });
 
 conn.addEventListener("status", (ev) => {
@@ -338,17 +338,25 @@ function noteTurnAudio(turnId, playedSamples, hfRatio) {
   stats.turnAudio[turnId] = { playedS: player.samplesToMs(playedSamples) / 1000, hfRatio };
 }
 
-function sendMark(turnId, samples, paused = false) {
+function sendMark(turnId, samples, paused = false, startMs = null) {
   if (turnId === null || turnId === undefined) return;
-  conn.send(playbackMark(turnId, player.samplesToMs(samples), paused));
+  conn.send(playbackMark(turnId, player.samplesToMs(samples), paused, { startMs, underruns: stats.underruns[turnId] }));
   lastMarkAt = performance.now();
 }
 
 player.addEventListener("started", (ev) => {
-  const { turnId, at } = ev.detail;
+  const { turnId, at, startMs, renderMs, outputLatencyMs, targetMs, clock } = ev.detail;
   const t = log.turn(turnId);
+  let firstStartMs = null;
   if (t.firstPlayedAt === null) {
     t.firstPlayedAt = at;
+    // the client's own share: first audio message in to first sample out (docs/protocol.md, Client playback start)
+    if (typeof startMs === "number") {
+      firstStartMs = t.playbackStartMs = startMs;
+      stats.playbackStart[turnId] = { startMs, renderMs, outputLatencyMs, targetMs, clock };
+      stats.underruns[turnId] = 0;
+      log.render(turnId);
+    }
     stats.firstPlayed[turnId] = at;
     const from = t.typed ? t.typedAt : t.voiceEndAt;
     if (from !== null && (t.typed || t.text)) {
@@ -358,8 +366,15 @@ player.addEventListener("started", (ev) => {
     }
   }
   awaiting = false;
-  sendMark(turnId, 0);
+  sendMark(turnId, 0, false, firstStartMs);
   refreshState();
+});
+
+player.addEventListener("underrun", (ev) => {
+  const { turnId, underruns } = ev.detail;
+  stats.underruns[turnId] = underruns;
+  const t = log.get(turnId);
+  if (t) t.underruns = underruns;
 });
 
 player.addEventListener("progress", (ev) => {

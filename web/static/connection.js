@@ -81,6 +81,7 @@ export class Connection extends EventTarget {
   }
 
   onMessage(data) {
+    const at = performance.now(); // audio: when it arrived (the player's playback start counts from here)
     if (data instanceof ArrayBuffer) {
       let frame;
       try {
@@ -89,7 +90,7 @@ export class Connection extends EventTarget {
         this.emit("protocol-error", { message: err.message });
         return;
       }
-      this.emit("audio", frame);
+      this.emit("audio", { ...frame, at });
       return;
     }
     let msg;

@@ -1,11 +1,17 @@
 // AudioWorklet: a ring buffer of reply audio at the context's rate (the server's output_sample_rate).
 // Plays what the page pushes, empties at once on "clear", and reports what it actually played.
 // Knows turn ids only as labels on the samples; nothing of the protocol or the socket.
+// Jitter target (docs/protocol.md, Client playback start): 0 at first, so a reply plays from the render quantum after
+// its first message; a turn that runs dry part-way and goes on (an underrun) raises it by STEP_MS (up to MAX_TARGET_MS),
+// a turn played through without one lowers it again. A start or a resume waits for the target to be queued, or for
+// the target's own length of time at most (a reply's short tail is not held back for audio that never comes).
 
 const CAPACITY = 1 << 22; // samples: ~190 s at 22.05 kHz, more than any reply; overflow drops the newest
 const REPORT_EVERY = 8; // render quanta between progress reports (8 x 128 samples, ~46 ms at 22.05 kHz)
 const AUDIBLE = 1e-4; // |sample| above this counts as non-silent output
 const HF_CUTOFF_HZ = 5500; // energy above this tells a wideband voice (Piper) from a narrowband one (flite 8 kHz)
+const STEP_MS = 20; // the jitter target grows by this after an underrun and shrinks by it after a smooth turn
+const MAX_TARGET_MS = 200;
 
 // RBJ high-pass biquad coefficients, normalised by a0.
 function highPass(rate, f0, q = Math.SQRT1_2) {
@@ -69,6 +75,11 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.peak = 0;
     this.quanta = 0;
     this.dropped = 0;
+    this.target = 0; // jitter target in samples (adaptive, see the top)
+    this.waitFrames = 0; // render frames spent waiting for the target since the last start/resume attempt
+    this.dryTurn = null; // the turn whose audio ran out while it played: more of it means an underrun
+    this.turnUnderruns = 0; // underruns of the turn now playing
+    this.underruns = 0; // all turns
     this.hf = new HfMeter(sampleRate);
     this.port.onmessage = (ev) => this.onMessage(ev.data);
   }
@@ -98,9 +109,28 @@ class PlayerProcessor extends AudioWorkletProcessor {
       this.read = this.write;
       this.segments = [];
       this.playing = false;
+      this.dryTurn = null; // a barge-in is no underrun
+      this.waitFrames = 0;
       this.turnId = null; // the next audio starts a turn afresh, even one with the same id (new session)
       this.turnPlayed = 0;
       this.port.postMessage({ type: "cleared", turnId, playedSamples: played, droppedSamples: dropped, hfRatio: this.hf.ratio, consumed: this.read + this.dropped, frame: currentFrame, reason: msg.reason });
+    }
+  }
+
+  // Before a start or a resume: true while less than the jitter target is queued and it has not waited that long.
+  waiting(frames) {
+    if (this.playing || this.target === 0 || this.write - this.read >= this.target || this.waitFrames >= this.target) {
+      this.waitFrames = 0;
+      return false;
+    }
+    this.waitFrames += frames;
+    return true;
+  }
+
+  // A turn's last sample has played (another turn follows, or nothing did): a smooth one lowers the target.
+  endTurn() {
+    if (this.turnId !== null && this.turnPlayed > 0 && this.turnUnderruns === 0) {
+      this.target = Math.max(0, this.target - Math.round((STEP_MS * sampleRate) / 1000));
     }
   }
 
@@ -108,14 +138,29 @@ class PlayerProcessor extends AudioWorkletProcessor {
     const out = outputs[0];
     const left = out[0]; // [128]
     let i = 0;
-    while (!this.held && i < left.length && this.read < this.write) {
+    if (this.dryTurn !== null && !this.held && this.read < this.write) {
+      if (this.dryTurn === this.segments[0].turnId && this.turnId === this.dryTurn) {
+        // the turn ran dry part-way and goes on: an underrun; this resume and later starts wait for a larger target
+        this.turnUnderruns += 1;
+        this.underruns += 1;
+        this.target = Math.min(Math.round((MAX_TARGET_MS * sampleRate) / 1000), this.target + Math.round((STEP_MS * sampleRate) / 1000));
+        this.port.postMessage({ type: "underrun", turnId: this.turnId, underruns: this.turnUnderruns, targetMs: (this.target * 1000) / sampleRate, frame: currentFrame });
+      }
+      this.dryTurn = null;
+    }
+    const ready = !this.held && this.read < this.write && !this.waiting(left.length);
+    while (ready && i < left.length && this.read < this.write) {
       const seg = this.segments[0];
       if (this.turnId !== seg.turnId) {
-        if (this.turnId !== null) this.port.postMessage({ type: "ended", turnId: this.turnId, playedSamples: this.turnPlayed, hfRatio: this.hf.ratio });
+        if (this.turnId !== null) {
+          this.endTurn();
+          this.port.postMessage({ type: "ended", turnId: this.turnId, playedSamples: this.turnPlayed, hfRatio: this.hf.ratio, underruns: this.turnUnderruns });
+        }
         this.turnId = seg.turnId;
         this.turnPlayed = 0;
+        this.turnUnderruns = 0;
         this.hf.reset();
-        this.port.postMessage({ type: "started", turnId: seg.turnId, frame: currentFrame + i });
+        this.port.postMessage({ type: "started", turnId: seg.turnId, frame: currentFrame + i, targetMs: (this.target * 1000) / sampleRate });
       }
       this.playing = true;
       const s = this.ring[this.read % CAPACITY];
@@ -135,6 +180,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.windowSamples += left.length;
     if (this.playing && this.read === this.write) {
       this.playing = false;
+      this.dryTurn = this.turnId; // more of it later is an underrun; none (another turn, or nothing) is its end
       this.port.postMessage({ type: "drained", turnId: this.turnId, playedSamples: this.turnPlayed, hfRatio: this.hf.ratio, consumed: this.read + this.dropped, frame: currentFrame });
     }
     if (++this.quanta % REPORT_EVERY === 0) {
@@ -151,6 +197,8 @@ class PlayerProcessor extends AudioWorkletProcessor {
         rms: Math.sqrt(this.sumSq / this.windowSamples),
         peak: this.peak,
         dropped: this.dropped,
+        underruns: this.underruns,
+        targetMs: (this.target * 1000) / sampleRate,
         consumed: this.read + this.dropped, // every sample pushed ends up read, cleared or dropped
         frame: currentFrame,
       });

@@ -35,8 +35,11 @@ export function wantedAfter(wanted, msg) {
 
 export const inputText = (text) => ({ type: "input.text", text });
 export const responseCancel = () => ({ type: "response.cancel" });
-export const playbackMark = (turnId, playedMs, paused = false) => ({
+// `client`: {startMs, underruns} the page measured of its own playback (docs/protocol.md, Client playback start).
+export const playbackMark = (turnId, playedMs, paused = false, client = {}) => ({
   type: "playback.mark", turn_id: turnId, played_ms: Math.round(playedMs), ...(paused ? { paused: true } : {}),
+  ...(typeof client.startMs === "number" && client.startMs >= 0 ? { start_ms: Math.round(client.startMs * 10) / 10 } : {}),
+  ...(typeof client.underruns === "number" ? { underruns: client.underruns } : {}),
 });
 
 // Server audio: uint32 LE turn_id, uint32 LE seq, then PCM16LE mono at output_sample_rate.

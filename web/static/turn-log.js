@@ -9,7 +9,7 @@ export class TurnLog {
     this.tracesList = tracesList;
     this.latencyBox = latencyBox;
     this.latency = new LatencyStats();
-    this.turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, trace}
+    this.turns = new Map(); // turnId -> {text, typed, voiceEndAt, typedAt, firstPlayedAt, micToEarMs, playbackStartMs, underruns, trace}
     this.past = []; // turns of earlier sessions (before a reconnect)
     this.epoch = 0; // sessions seen
     this.pendingTyped = null; // {text, at}: typed text the server has not numbered yet
@@ -34,7 +34,7 @@ export class TurnLog {
   turn(turnId) {
     let t = this.turns.get(turnId);
     if (!t) {
-      t = { text: null, typed: false, voiceEndAt: null, typedAt: null, firstPlayedAt: null, micToEarMs: null, trace: null };
+      t = { text: null, typed: false, voiceEndAt: null, typedAt: null, firstPlayedAt: null, micToEarMs: null, playbackStartMs: null, underruns: 0, trace: null };
       if (this.pendingTyped) {
         t.typed = true;
         t.typedAt = this.pendingTyped.at;
@@ -50,7 +50,7 @@ export class TurnLog {
   render(turnId) {
     const t = this.turns.get(turnId);
     if (!t?.trace) return;
-    const row = traceRow(t.trace, { micToEarMs: t.micToEarMs, typed: t.typed, text: t.text });
+    const row = traceRow(t.trace, { micToEarMs: t.micToEarMs, playbackStartMs: t.playbackStartMs, typed: t.typed, text: t.text });
     row.dataset.epoch = String(this.epoch);
     const old = this.tracesList.querySelector(`li[data-epoch="${this.epoch}"][data-turn="${turnId}"]`);
     if (old) old.replaceWith(row);

@@ -55,7 +55,7 @@ export function turnEnd(turn) {
   return parts.join("; ");
 }
 
-// trace: {turn_id, stages_ms, budgets_ms, over_budget, turn?}; client: {micToEarMs, typed, text}
+// trace: {turn_id, stages_ms, budgets_ms, over_budget, turn?}; client: {micToEarMs, playbackStartMs, typed, text}
 export function traceRow(trace, client = {}) {
   const stages = trace.stages_ms || {};
   const budgets = trace.budgets_ms || {};
@@ -65,7 +65,9 @@ export function traceRow(trace, client = {}) {
   const headline = el("div", { class: "headline" },
     el("span", {}, "server voice→voice ", el("b", { "data-field": "voice_to_voice" }, fmt(stages.voice_to_voice))),
     el("span", {}, client.typed ? "client send→ear " : "client mic→ear ",
-      el("b", { "data-field": "mic_to_ear" }, fmt(client.micToEarMs))));
+      el("b", { "data-field": "mic_to_ear" }, fmt(client.micToEarMs))),
+    el("span", { title: "first reply audio in to its first sample out, on this page" }, "client playback start ",
+      el("b", { "data-field": "client_playback" }, fmt(client.playbackStartMs))));
   const title = el("div", { class: "turn-title" }, el("span", {}, `Turn ${trace.turn_id}`),
     client.text ? el("span", { class: "said" }, `“${client.text}”`) : null,
     over.size ? el("span", { class: "badge" }, `${over.size} over budget`) : null);
