@@ -68,6 +68,9 @@ class VadConfig(_Strict):
     # shed while the shared stages' waited jobs queue longer than preemptive_shed_wait_ms (p95) or others use the engine
     preemptive_phrase: bool = True
     preemptive_shed_wait_ms: float = Field(50.0, ge=0)
+    # while the user speaks, each partial transcript's reply prompt is prefilled (when the machine is not busy), so
+    # the prefill at the pause computes only the last words: the text's score and the first phrase come sooner
+    warm_partials: bool = True
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":

@@ -129,6 +129,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         server_aec=cfg.vad.server_aec,
         preemptive_phrase=cfg.vad.preemptive_phrase,
         preemptive_shed_wait_ms=cfg.vad.preemptive_shed_wait_ms,
+        warm_partials=cfg.vad.warm_partials,
     )
     return SessionSettings(**{**base.__dict__, **overrides})
 

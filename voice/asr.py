@@ -293,6 +293,7 @@ class StreamingTranscriber:
         self._chunks: list[np.ndarray] = []
         self._samples = 0
         self._decoded_samples = 0  # audio length at the last partial decode
+        self.hypothesis = ""  # the last partial decode's whole text (committed or not): the best guess so far
         self._agreement.reset()
 
     @property
@@ -333,6 +334,7 @@ class StreamingTranscriber:
             except Skipped:  # the machine is behind: this partial is dropped, a later one covers its audio
                 return None
             transcript = ran.value
+        self.hypothesis = transcript.text.strip()
         if self._agreement.update(transcript.text) is None:
             return None
         return self._agreement.committed

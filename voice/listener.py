@@ -65,6 +65,9 @@ class Utterance:
     prefill_done_ns: int | None = None
     prefill_result: LlmFinish | None = None
     discarded_ahead: int = 0
+    warm_task: asyncio.Task[Any] | None = None  # a prefill of the latest partial's prompt, while the user speaks
+    warmed_text: str = ""  # the partial text last prefilled
+    warm_tokens: int = 0  # tokens those prefills computed
     queue_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms its jobs for this turn waited for a worker
     own_from: int = 0  # where this turn's own audio starts: before it, the request it may continue
 
@@ -99,7 +102,7 @@ class Utterance:
         self.final_text = ""
 
     def discard(self) -> None:
-        for task in (self.ahead, self.partial_task):
+        for task in (self.ahead, self.partial_task, self.warm_task):
             if task is not None:
                 task.cancel()
 
@@ -139,6 +142,7 @@ class Utterance:
             "reused_tokens": used,
             "shared_prefix_tokens": result.shared_prefix_tokens if result is not None else 0,
             "discarded": self.discarded_ahead,
+            "warm_tokens": self.warm_tokens,
         }
 
 
@@ -249,6 +253,18 @@ class Listener:
     async def partial(self, utt: Utterance) -> str | None:
         """Re-decode the utterance so far; -> the committed text when it grew."""
         return await utt.stt.partial()
+
+    async def warm(self, utt: Utterance, prompt: Prompt) -> None:
+        """While the user speaks: the reply's prompt with the latest partial's words, prefilled into the session's
+        cache, so the prefill at the pause computes only the tokens after what it shares with the final's (the
+        cache keeps the longest common prefix). Wrong last words cost a few tokens computed again."""
+        text = utt.stt.hypothesis
+        if not text or text == utt.warmed_text:
+            return
+        utt.warmed_text = text
+        result = await self.llm.prefill(self.session_id, prompt(text))
+        if isinstance(result, LlmFinish):
+            utt.warm_tokens += result.prefill_tokens
 
     async def ahead(self, utt: Utterance, prompt: Prompt, probe: bool) -> None:
         """At the pause: the final decode of the audio so far (none reaches the recogniser while paused, and a

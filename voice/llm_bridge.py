@@ -112,6 +112,7 @@ class LlmBridge:
 
     probes_user_end = True  # prefill(probe_user_end=True) reads the end-of-turn probability (voice.remote.llm: no)
     native_tools = False  # tools go in the prompt's text and calls are bound by a grammar (voice.remote.llm: True)
+    local_cache = True  # prefill() fills a cache here, for the cost of the new tokens alone (voice.remote.llm: no)
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine

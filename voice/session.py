@@ -446,8 +446,15 @@ class Session:
 
     async def _partial(self, utt: Utterance) -> None:
         text = await self.listener.partial(utt)
-        if text is not None and utt is self.listener.utt:
+        if utt is not self.listener.utt:
+            return
+        if text is not None:
             self.outbox.send("transcript.partial", turn_id=utt.turn_id, text=text)
+        warming = utt.warm_task is not None and not utt.warm_task.done()
+        local = getattr(self.stages.llm, "local_cache", True)  # a remote server caches prefixes on its own
+        if self.settings.warm_partials and local and not utt.paused and not warming and self.preempt.busy() is None:
+            joins = utt.trace.info.get("joins")
+            utt.warm_task = self.spawn(self.listener.warm, utt, lambda words: self.messages(words, joins))
 
     async def _finish_turn(self, utt: Utterance) -> None:
         """After the endpoint: the final transcript (from the pause when it ran there), then the reply."""

@@ -53,6 +53,7 @@ class SessionSettings:
     server_aec: bool = False  # cancel the replies' echo in the microphone on the server (voice.echo)
     preemptive_phrase: bool = False  # the reply's first phrase made in the user's pause (voice.first_phrase)
     preemptive_shed_wait_ms: float = 50.0  # shed it while what users wait for queues longer than this (p95)
+    warm_partials: bool = False  # prefill each partial's prompt while the user speaks (voice.listener.warm)
 
 
 @dataclass(frozen=True)

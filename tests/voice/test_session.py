@@ -155,7 +155,7 @@ async def test_savings_count_only_the_prefill_tokens_the_reply_reused() -> None:
     reply = LlmFinish("stop", prefill_ms=15.0, prefill_tokens=5, reused_tokens=35, decode_tokens=9)
     got = utt.savings(endpoint_ns=350 * ms, llm_start_ns=500 * ms, reply=reply)
     assert got == {"asr_ms": 250.0, "prefill_ms": 50.0, "saved_ms": 300.0, "prefill_tokens": 40, "reused_tokens": 25,
-                   "shared_prefix_tokens": 10, "discarded": 0}  # fmt: skip
+                   "shared_prefix_tokens": 10, "discarded": 0, "warm_tokens": 0}  # fmt: skip
     # a reply request that started half-way through the prefill saved only the half that ran before it
     reply = LlmFinish("stop", prefill_ms=15.0, prefill_tokens=5, reused_tokens=50, decode_tokens=9)
     assert utt.savings(350 * ms, 260 * ms, reply)["prefill_ms"] == 40.0

@@ -58,3 +58,22 @@ async def test_without_preemption_the_trace_has_no_field_and_the_reply_makes_its
         await h.feed(quiet(3000), until=lambda: bool(h.of("response.done")))
         trace = await h.wait_for("turn.trace")
         assert "preemptive" not in trace and len(generations(h.engine)) == 1
+
+
+async def test_partials_warm_the_prompt_while_the_user_speaks() -> None:
+    """Each partial's words go into the cache as the reply's prompt (a prefill), so the pause's prefill starts from
+    what they share; none while paused, and none with warm_partials off."""
+    transcriber = FakeTranscriber(by_length=[(400.0, HALF), (1300.0, WHOLE)])
+    for warm in (True, False):
+        engine = FakeEngine()
+        async with Harness(transcriber=transcriber, engine=engine, turns=TurnPolicy(detection="fixed", hangover_ms=600),
+                           warm_partials=warm) as h:  # fmt: skip
+            await h.feed(tone(1800))
+            await h.feed(quiet(2000), until=lambda: bool(h.of("response.done")))
+            trace = await h.wait_for("turn.trace")
+        prefills = [r.messages[-1].content for r in engine.requests if r.sampling.max_new_tokens == 0]
+        if warm:
+            assert prefills[0] == HALF and prefills[-1] == WHOLE, prefills  # the partials', then the pause's
+            assert trace["ahead"]["warm_tokens"] > 0, trace["ahead"]
+        else:
+            assert prefills == [WHOLE] and trace["ahead"]["warm_tokens"] == 0

@@ -48,6 +48,7 @@ class RemoteCall:
 class RemoteLlm:
     probes_user_end = False  # see the module doc
     native_tools = True  # tools go to the server as `tools` (not in the prompt's text); no grammar here
+    local_cache = False  # a prefill is a whole request to the server
 
     def __init__(self, spec: RemoteSpec) -> None:
         self.spec = spec
