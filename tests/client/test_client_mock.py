@@ -80,7 +80,9 @@ async def test_full_turn_plays_reply_marks_playback_and_fills_latency(mock: tupl
     assert "1453" in table and "mic→ear" in table and "what is" in table and f"{row.mic_to_ear_ms:.0f}" in table
     # the client's own playback start: measured here, shown, and sent once with the turn's first mark
     assert row.client_playback_ms is not None and row.client_playback_ms >= 0 and row.output_latency_ms == 0.0
-    assert "play" in table and row.underruns == 0
+    play = next(c for c in latency_table(client.view.turns, client.view.budgets_ms).columns if c.header == "play")
+    assert [cell.plain for cell in play.cells] == [f"{r.client_playback_ms:.0f}" for r in client.view.turns]
+    assert row.underruns == 0
     starts = [m["start_ms"] for m in state.mark_bodies if m["turn_id"] == 1 and m.get("start_ms") is not None]
     assert starts == [round(row.client_playback_ms, 1)]
     assert all(m.get("underruns") == 0 for m in state.mark_bodies if m["turn_id"] == 1)
