@@ -71,6 +71,9 @@ class VadConfig(_Strict):
     # while the user speaks, each partial transcript's reply prompt is prefilled (when the machine is not busy), so
     # the prefill at the pause computes only the last words: the text's score and the first phrase come sooner
     warm_partials: bool = True
+    # the end-of-turn check's audio model runs at the pause (on the turn with its silence to come filled in), beside
+    # the final recognition, not at turn_check_ms beside the first phrase's decode and synthesis
+    audio_check_ahead: bool = True
 
     @model_validator(mode="after")
     def _ordered(self) -> "VadConfig":

@@ -130,6 +130,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         preemptive_phrase=cfg.vad.preemptive_phrase,
         preemptive_shed_wait_ms=cfg.vad.preemptive_shed_wait_ms,
         warm_partials=cfg.vad.warm_partials,
+        audio_check_ahead=cfg.vad.audio_check_ahead,
     )
     return SessionSettings(**{**base.__dict__, **overrides})
 

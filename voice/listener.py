@@ -65,6 +65,7 @@ class Utterance:
     prefill_done_ns: int | None = None
     prefill_result: LlmFinish | None = None
     discarded_ahead: int = 0
+    audio_ahead: asyncio.Future[Any] | None = None  # the audio model's score for the check, computed at the pause
     warm_task: asyncio.Task[Any] | None = None  # a prefill of the latest partial's prompt, while the user speaks
     warmed_text: str = ""  # the partial text last prefilled
     warm_tokens: int = 0  # tokens those prefills computed
@@ -95,14 +96,16 @@ class Utterance:
         if self.ahead is not None:
             self.discarded_ahead += 1
             self.ahead.cancel()  # an engine prefill in flight is cancelled as its iterator closes
-        self.ahead = None
+        if self.audio_ahead is not None:
+            self.audio_ahead.cancel()
+        self.ahead = self.audio_ahead = None
         self.ahead_start_ns = self.final_ns = self.prefill_start_ns = self.prefill_done_ns = None
         self.prefill_result = self.text_prob = None
         self.final_event = asyncio.Event()
         self.final_text = ""
 
     def discard(self) -> None:
-        for task in (self.ahead, self.partial_task, self.warm_task):
+        for task in (self.ahead, self.partial_task, self.warm_task, self.audio_ahead):
             if task is not None:
                 task.cancel()
 
@@ -284,12 +287,34 @@ class Listener:
         if isinstance(result, LlmFinish):
             utt.prefill_done_ns, utt.prefill_result, utt.text_prob = now_ns(), result, result.end_prob
 
+    def score_ahead(self, utt: Utterance, silence_ms: float, check_ms: float) -> None:
+        """At the pause (`silence_ms` of it heard): start the audio model on the turn as the check will hear it at
+        `check_ms` of silence, the pause's quietest 10 ms repeated for the silence still to come (the room's own
+        floor, never a word's tail). It runs beside the final recognition, so at the check the cores go to the
+        reply's first phrase instead; the check takes this score (speech that comes back drops it)."""
+        if self.turn_model is None:
+            return
+        audio = utt.audio()
+        tail = audio[-int(silence_ms * SAMPLE_RATE / 1000) :]
+        step = SAMPLE_RATE // 100
+        windows = [tail[i : i + step] for i in range(0, len(tail) - step + 1, step)] or [np.zeros(step, np.float32)]
+        floor = min(windows, key=lambda w: float(np.mean(np.square(w))))
+        extra = int(max(0.0, check_ms - silence_ms) * SAMPLE_RATE / 1000)
+        padded = np.concatenate([audio, np.tile(floor, -(-extra // step))[:extra]])
+        utt.audio_ahead = asyncio.ensure_future(
+            self.runner.run("turn", Priority.WAITED, self.session_id, self.turn_model.complete_prob, padded)
+        )
+        utt.audio_ahead.add_done_callback(lambda f: f.cancelled() or f.exception())  # a turn with no check: no warning
+
     async def check(self, utt: Utterance, audio: bool, text: bool) -> tuple[float | None, float | None, float]:
         """One end-of-turn check -> (audio model's P(complete), the text's P(end), ms it took). The audio model runs
-        on the turn's audio up to now; the text's comes from the work ahead, waited for."""
+        on the turn's audio up to now (or its score from the pause, `score_ahead`); the text's comes from the work
+        ahead, waited for."""
         t0 = time.perf_counter()
         audio_task = None
-        if audio and self.turn_model is not None:
+        if audio and self.turn_model is not None and utt.audio_ahead is not None and not utt.audio_ahead.cancelled():
+            audio_task = utt.audio_ahead
+        elif audio and self.turn_model is not None:
             audio_task = asyncio.ensure_future(
                 self.runner.run("turn", Priority.WAITED, self.session_id, self.turn_model.complete_prob, utt.audio())
             )

@@ -391,6 +391,9 @@ class Session:
         if utt is None:
             return
         utt.pause()
+        policy = self.settings.turns
+        if self.settings.audio_check_ahead and policy.uses_audio:
+            self.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms)
         joins = utt.trace.info.get("joins")
         utt.ahead = self.spawn(self._ahead, utt, lambda text: self.messages(text, joins))
 

@@ -54,6 +54,7 @@ class SessionSettings:
     preemptive_phrase: bool = False  # the reply's first phrase made in the user's pause (voice.first_phrase)
     preemptive_shed_wait_ms: float = 50.0  # shed it while what users wait for queues longer than this (p95)
     warm_partials: bool = False  # prefill each partial's prompt while the user speaks (voice.listener.warm)
+    audio_check_ahead: bool = False  # the check's audio model run at the pause, beside the final recognition
 
 
 @dataclass(frozen=True)

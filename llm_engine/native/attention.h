@@ -139,6 +139,8 @@ void partial(const float* q, int G, int d, const T* keys, const T* values, int c
     bool done = false;
     if (d == 64) done = part_g<4>(G, q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
     if (d == 128) done = part_g<8>(G, q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
+    // Gemma 3's heads: the plain loops took ~17 % of a 270M step (4 query heads re-read each key, one value at a time)
+    if (d == 256) done = part_g<16>(G, q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
     if (!done) part_any(q, G, d, keys, values, cached, key, value, sc, t0, t1, scale, scores, out);
 }
 

@@ -7,7 +7,7 @@
 // (the same libgomp runtime as torch's, so one thread pool). Only the matrix-vector products (by output
 // row) and attention (by cached position, attention.h) are split across threads; everything between them
 // (norms, rope, SwiGLU or GeGLU, merging attention, preparing the next product's input) is a few hundred values
-// that every thread computes for itself, so a layer costs five barriers.
+// that every thread computes for itself, so a layer costs five barriers (the team's own spinning barrier, barrier.h).
 //
 // The layout contract is abi.h; nothing here allocates model memory or keeps state between calls.
 #include <algorithm>
@@ -21,6 +21,7 @@
 
 #include "abi.h"
 #include "attention.h"
+#include "barrier.h"
 #include "matvec.h"
 #include "vec16.h"
 
@@ -66,13 +67,14 @@ void glu(const float* gate, const float* up, int n, bool gelu, float* out) {
 
 // x[b] += rms_norm(y[b]) * w for every row, each thread adding its share of the columns (every thread normalises
 // the whole row into `scratch` for itself), then a barrier: the sandwich norms' residual add (Gemma 3).
-void add_normed(const float* y, const float* w, float eps, int rows, int n, float* x, float* scratch, int me, int nt) {
+void add_normed(const float* y, const float* w, float eps, int rows, int n, float* x, float* scratch, int me, int nt,
+                team::Barrier& sync) {
     const int c0 = (int)((int64_t)n * me / nt), c1 = (int)((int64_t)n * (me + 1) / nt);
     for (int b = 0; b < rows; ++b) {
         rms_norm(y + (size_t)b * n, w, eps, n, scratch);
         for (int c = c0; c < c1; ++c) x[(size_t)b * n + c] += scratch[c];
     }
-#pragma omp barrier
+    sync.wait();
 }
 
 // x * cos + (x2, x1) * signed sin, the rotate-half rope of model.py.
@@ -210,6 +212,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
     std::vector<float> sub((size_t)rows * hidden);  // a sublayer's output before its norm (Gemma 3's sandwich norms)
     const int team = std::min(std::max((int)threads, 1), 64), state = attention::state_size(d);  // merge() takes <= 64 parts
     std::vector<float> parts((size_t)team * rows * hq * state);  // [thread, row, head, state]
+    team::Barrier sync;
     for (int b = 0; b < rows; ++b) {
         std::memcpy(&x[(size_t)b * hidden], m.embed + (size_t)tokens[b] * hidden, sizeof(float) * hidden);
         if (m.embed_scale != 1.f)
@@ -219,6 +222,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
 #pragma omp parallel num_threads(team)
     {
         const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        sync.join(nt);
         Own own(m, rows, widest, m.int4_dot);
         float* h = own.h.data();
         auto norm_all = [&](const float* weight) {
@@ -228,7 +232,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
             const PLayer& L = m.layers[l];
             norm_all(L.attn_norm);
             matvec::prepare(L.qkv, rows, h, own.in);
-            matvec::linear(L.qkv, rows, own.in, qkv.data(), qkv_width, false);
+            matvec::linear(L.qkv, rows, own.in, qkv.data(), qkv_width, false, sync);
 
             // Every thread rotates this step's queries and keys for itself; one stores keys and values.
             for (int b = 0; b < rows; ++b) {
@@ -254,7 +258,7 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 attend<int8_t>(m, l, rows, pos, slots, own, parts.data(), me, nt);
             else
                 attend<float>(m, l, rows, pos, slots, own, parts.data(), me, nt);
-#pragma omp barrier
+            sync.wait();
             for (int i = 0; i < rows * hq; ++i) {
                 const float* mine[64];
                 for (int t = 0; t < nt; ++t) mine[t] = &parts[((size_t)t * rows * hq + i) * state];
@@ -263,30 +267,30 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
             }
             matvec::prepare(L.o, rows, own.att.data(), own.in);
             if (L.attn_out_norm == nullptr) {
-                matvec::linear(L.o, rows, own.in, x.data(), hidden, true);  // residual: x += o(att)
+                matvec::linear(L.o, rows, own.in, x.data(), hidden, true, sync);  // residual: x += o(att)
             } else {
-                matvec::linear(L.o, rows, own.in, sub.data(), hidden, false);
-                add_normed(sub.data(), L.attn_out_norm, m.eps, rows, hidden, x.data(), h, me, nt);  // x += norm(o(att))
+                matvec::linear(L.o, rows, own.in, sub.data(), hidden, false, sync);
+                add_normed(sub.data(), L.attn_out_norm, m.eps, rows, hidden, x.data(), h, me, nt, sync);  // x += norm(o(att))
             }
 
             norm_all(L.mlp_norm);
             matvec::prepare(L.gate_up, rows, h, own.in);
-            matvec::linear(L.gate_up, rows, own.in, gu.data(), 2 * inter, false);
+            matvec::linear(L.gate_up, rows, own.in, gu.data(), 2 * inter, false, sync);
             for (int b = 0; b < rows; ++b) {
                 const float* g = &gu[(size_t)b * 2 * inter];
                 glu(g, g + inter, inter, m.gelu != 0, h + (size_t)b * inter);
             }
             matvec::prepare(L.down, rows, h, own.in);
             if (L.mlp_out_norm == nullptr) {
-                matvec::linear(L.down, rows, own.in, x.data(), hidden, true);  // residual: x += down(act)
+                matvec::linear(L.down, rows, own.in, x.data(), hidden, true, sync);  // residual: x += down(act)
             } else {
-                matvec::linear(L.down, rows, own.in, sub.data(), hidden, false);
-                add_normed(sub.data(), L.mlp_out_norm, m.eps, rows, hidden, x.data(), h, me, nt);
+                matvec::linear(L.down, rows, own.in, sub.data(), hidden, false, sync);
+                add_normed(sub.data(), L.mlp_out_norm, m.eps, rows, hidden, x.data(), h, me, nt, sync);
             }
         }
         norm_all(m.final_norm);
         matvec::prepare(m.head, rows, h, own.in);
-        matvec::linear(m.head, rows, own.in, logits, m.vocab, false);
+        matvec::linear(m.head, rows, own.in, logits, m.vocab, false, sync);
     }
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "abi.h"
+#include "barrier.h"
 #include "int4_vnni.h"
 #include "int8dot_portable.h"
 #include "vec16.h"
@@ -260,11 +261,11 @@ inline void prepare(const PLinear& L, int rows, const float* x, Input& in) {
 
 // y[b * ystride + j] (+)= (W x_b)[j] + bias[j]: each thread takes one contiguous share of the output rows
 // (one weight stream each), then waits for the others.
-inline void linear(const PLinear& L, int rows, const Input& in, float* y, int ystride, bool accumulate) {
+inline void linear(const PLinear& L, int rows, const Input& in, float* y, int ystride, bool accumulate, team::Barrier& sync) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int j0 = (int)((int64_t)L.n * t / nt), j1 = (int)((int64_t)L.n * (t + 1) / nt);
     pick(rows, std::make_integer_sequence<int, kMaxRows>{})(L, j0, j1, in, y, ystride, accumulate);
-#pragma omp barrier
+    sync.wait();
 }
 
 }  // namespace matvec

@@ -109,9 +109,9 @@ def prefill(model: Transformer, caches: list[StaticKVCache], slot: int, tokens: 
 
 
 @pytest.mark.parametrize("int8_dot", [False, None])
-@pytest.mark.parametrize("scheme,head_dim", [("none", 64), ("int4", 64), ("int8", 32)])
+@pytest.mark.parametrize("scheme,head_dim", [("none", 64), ("int4", 64), ("int8", 32), ("none", 256)])
 def test_compiled_step_on_an_int8_cache_equals_the_eager_path(scheme: str, head_dim: int, int8_dot: bool | None) -> None:
-    """Batched rows at different lengths; head_dim 64 takes the vector kernel, 32 the plain loops. The
+    """Batched rows at different lengths; head_dim 64 and 256 take the vector kernels, 32 the plain loops. The
     compiled step quantizes this step's keys as kv_cache.quantize_rows does and attends to the codes."""
     model = tiny(scheme, head_dim)
     ref, cache = int8_cache(model), int8_cache(model)

@@ -34,7 +34,7 @@ INT8_DOT = [False, True, "portable"]
 def tiny(
     scheme: str, *, bias: bool = False, tied: bool = False, group_size: int = 32, head_dim: int = 64, seed: int = 0
 ) -> Transformer:
-    """Two query heads per kv head; head_dim 64 takes the compiled attention kernel, 32 the plain loops."""
+    """Two query heads per kv head; head_dim 64 and 256 take the compiled attention kernels, 32 the plain loops."""
     cfg = ModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=head_dim, qkv_bias=bias, tie_word_embeddings=tied)  # fmt: skip
     torch.manual_seed(seed)
@@ -72,7 +72,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     "scheme,bias,tied,group_size,head_dim",
     [("none", False, True, 32, 64), ("none", True, False, 32, 32), ("int8", True, False, 32, 64), ("int8", False, True, 32, 32),
      ("int4", False, False, 32, 64), ("int4", True, True, 32, 32), ("int4", False, False, 64, 64), ("int4", False, False, 128, 64),
-     ("int4", False, False, 16, 64)],
+     ("int4", False, False, 16, 64), ("none", False, False, 32, 256)],
 )  # fmt: skip
 def test_batched_steps_match_the_float_forward(
     scheme: str, bias: bool, tied: bool, group_size: int, head_dim: int, int8_dot: bool | str
@@ -99,7 +99,7 @@ def test_batched_steps_match_the_float_forward(
 
 
 @pytest.mark.parametrize("int8_dot", INT8_DOT)
-@pytest.mark.parametrize("scheme,head_dim", [("none", 64), ("int8", 32), ("int4", 64)])
+@pytest.mark.parametrize("scheme,head_dim", [("none", 64), ("int8", 32), ("int4", 64), ("none", 256)])
 def test_a_float16_cache_matches_the_float_forward_on_the_same_cache(scheme: str, head_dim: int, int8_dot: bool | str) -> None:
     """Keys and values stored as float16 (the CPU default): the compiled step reads and writes them as the
     PyTorch forward does, rounding this step's own key to the cache's precision before attending to it."""
@@ -330,3 +330,18 @@ def test_decode_path_says_when_lone_requests_speculate_instead(smol_int4) -> Non
     engine = Engine(target, tokenizer, max_seq_len=SEQ, max_slots=2, draft=draft)
     assert engine.native is not None
     assert engine.decode_path.startswith("compiled CPU step") and engine.decode_path.endswith("speculates (torch)")
+
+
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_a_team_of_any_size_gets_the_same_logits(threads: int) -> None:
+    """The step's own barrier (barrier.h) with one thread, and with more threads than this machine has cores, where
+    waiters run out of spin and sleep: every step still equals the float forward, and the next step sees this one's keys."""
+    model = tiny("int4", head_dim=64)
+    ref_cache, cache = cache_for(model), cache_for(model)
+    decoder = NativeDecoder(model, cache, threads=threads)
+    prefill(model, [ref_cache, cache], 0, [(3 * i + 1) % 300 for i in range(40)])
+    tokens, positions, slots = [17], [40], [0]
+    for _ in range(8):
+        want = reference_step(model, ref_cache, tokens, positions, slots)
+        assert relative_error(decoder.decode(tokens, positions, slots), want) < 2e-3
+        tokens, positions = [int(want.argmax(-1)[0])], [positions[0] + 1]

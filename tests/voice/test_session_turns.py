@@ -94,6 +94,29 @@ async def test_smart_turn_detection_asks_the_audio_model_with_the_turns_audio() 
         assert not any(r.probe_user_end for r in h.engine.requests)
 
 
+async def test_the_audio_check_can_run_at_the_pause_on_the_silence_to_come() -> None:
+    """audio_check_ahead: the audio model runs once a pause, as it starts, on the turn with the check's silence
+    filled in, so it hears as much as the check would; speech that comes back drops that score and the next pause
+    scores again."""
+    policy = TurnPolicy(detection="smart_turn", turn_check_ms=400, max_hangover_ms=1000)
+    heard: dict[bool, list[float]] = {}
+    for ahead in (True, False):
+        model = FakeTurnModel(prob=0.95)
+        async with Harness(turn_model=model, turns=policy, audio_check_ahead=ahead) as h:
+            await h.feed(tone(800))
+            await h.feed(quiet(160), until=lambda: len(model.calls_ms) == 1)
+            assert (len(model.calls_ms) == 1) == ahead and not ended(h)  # at the pause, or not before the check
+            await h.feed(quiet(800.0 + 160.0 - h.audio_ms))  # the rest of the pause, when the call came first
+            await h.feed(tone(500))  # the turn goes on
+            await h.feed(quiet(2500), until=lambda: ended(h))
+            trace = await h.wait_for("turn.trace")
+        (check,) = trace["turn"]["checks"]
+        assert check["audio_prob"] == 0.95 and trace["turn"]["end"] == "complete"
+        heard[ahead] = model.calls_ms
+    assert len(heard[True]) == 2 and len(heard[False]) == 1  # the first pause's score (dropped), and the second's
+    assert abs(heard[True][-1] - heard[False][-1]) <= 40.0, heard  # the same audio, to a frame or two
+
+
 async def test_an_unsure_audio_model_waits_for_the_longest_hangover() -> None:
     policy = TurnPolicy(detection="smart_turn", max_hangover_ms=800)
     async with Harness(turn_model=FakeTurnModel(prob=0.05), turns=policy) as h:

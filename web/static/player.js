@@ -5,6 +5,9 @@
 // socket's onmessage) to its first sample leaving the output (the worklet's frame, on the context's output clock).
 
 const MAX_PENDING_SAMPLES = 60 * 48000; // held-back audio beyond a minute is dropped, oldest first
+// The smallest output buffer the device allows: a number asks for it, where "interactive" lets the browser pick its
+// usual low one (Chromium: 40 ms reported vs 23 ms for 0, docs/benchmarks.md, Client playback start).
+const LATENCY_HINT_S = 0;
 
 export class Player extends EventTarget {
   constructor() {
@@ -31,7 +34,7 @@ export class Player extends EventTarget {
     this.state.consumed = 0;
     this.opening = (async () => {
       if (old) await old.close();
-      const context = new AudioContext({ sampleRate, latencyHint: "interactive" });
+      const context = new AudioContext({ sampleRate, latencyHint: LATENCY_HINT_S });
       this.context = context;
       context.addEventListener("statechange", () => this.flush());
       await context.audioWorklet.addModule(new URL("./player-worklet.js", import.meta.url));
