@@ -27,6 +27,7 @@ from bench import corpus as spoken
 from voice.audio import SAMPLE_RATE
 from voice.interjection import Heard
 from voice.turntaking import CheckTurn, DropAhead, EndTurn, Join, OpenTurn, Recognise, StartAhead, TurnTaking
+from voice.smart_turn import with_silence_to_come
 from voice.turn_policy import DETECTIONS, TurnPolicy
 
 LEAD_MS = 300.0  # silence before each request
@@ -124,8 +125,10 @@ class Models:
 
         return self._timed(("vad", clip.name), run)[0]
 
-    def audio_prob(self, clip: Clip, start: int, end: int) -> tuple[float, float]:
-        return self._timed(("audio", clip.name, start, end), lambda: self.turn_model.complete_prob(clip.audio[start:end]))
+    def audio_prob(self, clip: Clip, start: int, end: int, audio: np.ndarray | None = None) -> tuple[float, float]:
+        """The audio model on the clip's [start, end), or on `audio` made from it (keyed apart)."""
+        heard = clip.audio[start:end] if audio is None else audio
+        return self._timed(("audio", clip.name, start, end, audio is None), lambda: self.turn_model.complete_prob(heard))
 
     def final(self, clip: Clip, start: int, end: int) -> tuple[str, float]:
         return self._timed(("asr", clip.name, start, end), lambda: self.asr.transcribe(clip.audio[start:end]).text.strip())
@@ -149,8 +152,9 @@ class Models:
         return self._timed(("text", text), probe) if text else (None, 0.0)
 
 
-def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, list[dict[str, float]]]:
-    """One clip through the core, in audio time. -> the outcome and each check's costs."""
+def simulate(clip: Clip, policy: TurnPolicy, models: Models, audio_ahead: bool = False) -> tuple[Outcome, list[dict[str, float]]]:
+    """One clip through the core, in audio time. -> the outcome and each check's costs. `audio_ahead`: the audio
+    model runs at the pause on the turn with the check's silence filled in (vad.audio_check_ahead), beside the final."""
     core = TurnTaking(policy)
     frame_ms = float(models.vad.frame_ms)
     core.listen(frame_ms, models.vad.end_lag_ms)
@@ -159,6 +163,7 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
     starts: dict[int, int] = {}  # turn -> first sample of its audio
     own: dict[int, int] = {}  # turn -> first sample of its own speech (a continuation's audio starts with its request's)
     ready: dict[int, tuple[float, float | None, float]] = {}  # turn -> (audio ms the work ahead is done, text prob, its ms)
+    early: dict[int, tuple[float, float, float]] = {}  # turn -> (audio ms the pause's audio score is in, it, its ms)
     due: list[tuple[float, Callable[[], list[Any]]]] = []
     ends: list[tuple[float, EndTurn]] = []
     costs: list[dict[str, float]] = []
@@ -180,15 +185,28 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
                 heard, asr_ms = models.heard(clip, own[a.turn_id], at(now))
                 due.append((now + asr_ms, lambda a=a, heard=heard: core.interjection_heard(a.turn_id, a.n, heard, [])))
             elif isinstance(a, StartAhead):
+                if policy.uses_audio and audio_ahead:  # the check's audio model at the pause, beside the final
+                    start = starts[a.turn_id]
+                    padded = with_silence_to_come(clip.audio[start : at(now)], policy.ahead_silence_ms, policy.turn_check_ms)
+                    prob, audio_ms = models.audio_prob(clip, start, at(now), padded)
+                    early[a.turn_id] = (now + audio_ms, prob, audio_ms)
                 text, asr_ms = models.final(clip, starts[a.turn_id], at(now))
                 text_prob, probe_ms = models.text_prob(text) if policy.uses_text else (None, 0.0)
                 ready[a.turn_id] = (now + asr_ms + probe_ms, text_prob, probe_ms)
             elif isinstance(a, DropAhead):
                 ready.pop(a.turn_id, None)
+                early.pop(a.turn_id, None)
             elif isinstance(a, CheckTurn):
-                audio_prob, audio_ms = models.audio_prob(clip, starts[a.turn_id], at(now)) if policy.uses_audio else (None, 0.0)
+                audio_at = now
+                if a.turn_id in early:
+                    audio_at, audio_prob, audio_ms = early.pop(a.turn_id)
+                elif policy.uses_audio:
+                    audio_prob, audio_ms = models.audio_prob(clip, starts[a.turn_id], at(now))
+                    audio_at = now + audio_ms
+                else:
+                    audio_prob, audio_ms = None, 0.0
                 when, text_prob, probe_ms = ready.get(a.turn_id, (now, None, 0.0)) if policy.uses_text else (now, None, 0.0)
-                done = max(now + audio_ms, when)
+                done = max(now, audio_at, when)
                 costs.append({"audio_ms": audio_ms, "probe_ms": probe_ms, "wait_ms": done - now})
                 turn, check = a.turn_id, a.check
                 due.append((done, lambda turn=turn, check=check, ap=audio_prob, tp=text_prob, c=done - now:
@@ -198,12 +216,12 @@ def simulate(clip: Clip, policy: TurnPolicy, models: Models) -> tuple[Outcome, l
     return Outcome(policy.detection, clip, ends, joins), costs
 
 
-def run_detector(clips: list[Clip], policy: TurnPolicy, models: Models) -> tuple[list[Outcome], list[dict[str, float]]]:
+def run_detector(clips: list[Clip], policy: TurnPolicy, models: Models, audio_ahead: bool = False) -> tuple[list[Outcome], list[dict[str, float]]]:
     """Every clip through one detector (its models loaded first). -> the outcomes and every check's costs."""
     models.need(policy)
     outcomes, costs = [], []
     for clip in clips:
-        outcome, c = simulate(clip, policy, models)
+        outcome, c = simulate(clip, policy, models, audio_ahead)
         outcomes.append(outcome)
         costs += c
     return outcomes, costs
@@ -281,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, splits = [], []
     try:
         for det, policy in runs:
-            outcomes, costs = run_detector(clips, policy, models)
+            outcomes, costs = run_detector(clips, policy, models, cfg.vad.audio_check_ahead)
             s = summarize(outcomes, costs)
             results[det] = {**s, "clips": [{"clip": o.clip.name, "early": o.early, "split": o.split, "delay_ms": o.delay_ms,
                                             "ends": [{"t_ms": t, "reason": e.reason, "checks": [c.to_dict() for c in e.checks]}
@@ -296,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         models.close()
     table = _stats.markdown if args.markdown else _stats.table
-    print(f"\nEnd-of-turn detectors (turn_check {base.turn_check_ms:g} ms, max_hangover {base.max_hangover_ms:g} ms, "
+    print(f"\nEnd-of-turn detectors (audio check {'at the pause' if cfg.vad.audio_check_ahead else 'at the check'}, "
+          f"turn_check {base.turn_check_ms:g} ms, max_hangover {base.max_hangover_ms:g} ms, "
           f"fixed hangover {base.hangover_ms:g} ms, sure/unsure {base.sure_prob:g}/{base.unsure_prob:g}, "
           f"rejoin window {base.rejoin_window_ms:g} ms)")  # fmt: skip
     print(table(("detector", "paused cut early", "split after rejoin", "whole cut", "endpoint p50 ms", "p95 ms", "max ms",

@@ -234,6 +234,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool
         )
         engine.start()
         llm = LlmBridge(engine)
+        warm_grammar(cfg, engine)
         cache = engine.cache
         log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
                  cache.nbytes // 2**20)
@@ -295,6 +296,15 @@ def warm(runtime: Runtime) -> None:
             seen.add(id(binding.tts))
             for _ in binding.tts.synthesize("Hello.", voice=binding.speaker):
                 pass
+
+
+def warm_grammar(cfg: AppConfig, engine: Any) -> None:
+    """A persona with tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
+    off the event loop, so the first tool turn does not pay for it (voice.tool_turn.warm_grammar then finds it)."""
+    if any(p.tools for p in cfg.persona_defs.values()):
+        from llm_engine import constrain
+
+        constrain.warm(engine.tokenizer)
 
 
 def _remote(stage: object) -> bool:

@@ -85,6 +85,8 @@ class PhraseHost(Protocol):
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None: ...
 
+    def tools_unfit_ahead(self) -> str | None: ...
+
 
 class FirstPhrases:
     def __init__(self, session: PhraseHost, enabled: bool, shed_wait_ms: float) -> None:
@@ -110,7 +112,7 @@ class FirstPhrases:
         if not utt.paused or utt.prefill_result is None or not utt.final_text:
             return  # speech came back, or no prefill (no words, a failure): nothing to go on from
         self._messages = self.s.messages(utt.final_text, utt.trace.info.get("joins"))
-        self._run(self.core.ahead_ready(utt.turn_id, utt.final_text, self.busy()))
+        self._run(self.core.ahead_ready(utt.turn_id, utt.final_text, self.s.tools_unfit_ahead() or self.busy()))
 
     def no_reply(self, turn_id: int) -> None:
         self._run(self.core.no_reply(turn_id))

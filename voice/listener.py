@@ -22,7 +22,7 @@ from voice.audio import SAMPLE_RATE, Framer
 from voice.interjection import Heard
 from voice.llm_bridge import LlmBridge, LlmFinish
 from voice.scheduler import DirectRunner, StageRunner
-from voice.smart_turn import TurnModel
+from voice.smart_turn import TurnModel, with_silence_to_come
 from voice.stage_queue import Priority
 from voice.trace import TurnTrace, now_ns
 from voice.vad import Vad
@@ -294,13 +294,7 @@ class Listener:
         reply's first phrase instead; the check takes this score (speech that comes back drops it)."""
         if self.turn_model is None:
             return
-        audio = utt.audio()
-        tail = audio[-int(silence_ms * SAMPLE_RATE / 1000) :]
-        step = SAMPLE_RATE // 100
-        windows = [tail[i : i + step] for i in range(0, len(tail) - step + 1, step)] or [np.zeros(step, np.float32)]
-        floor = min(windows, key=lambda w: float(np.mean(np.square(w))))
-        extra = int(max(0.0, check_ms - silence_ms) * SAMPLE_RATE / 1000)
-        padded = np.concatenate([audio, np.tile(floor, -(-extra // step))[:extra]])
+        padded = with_silence_to_come(utt.audio(), silence_ms, check_ms)
         utt.audio_ahead = asyncio.ensure_future(
             self.runner.run("turn", Priority.WAITED, self.session_id, self.turn_model.complete_prob, padded)
         )

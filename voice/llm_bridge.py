@@ -13,6 +13,7 @@ from typing import Any
 
 from llm_engine.constrain import Constraint
 from llm_engine.engine import ChatMessage, ErrorEvent, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
+from llm_engine.tool_format import ToolSpec
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,17 @@ class LlmError:
 
 
 LlmEvent = LlmToken | LlmFinish | LlmError
+
+
+@dataclass(frozen=True)
+class ToolAsk:
+    """The tools a request may call, for an LLM that takes them natively (voice.remote.llm passes them to its server).
+    Our engine takes the grammar instead (`constraint`) and has the tools in the prompt's text: it ignores this."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    choice: str = "auto"  # none | auto | required | a tool's name
+    parallel: bool = True  # parallel_tool_calls
+    response_format: dict[str, Any] | None = None  # OpenAI's response_format (json_object / json_schema), as is
 
 
 def _translate(ev: Any) -> LlmEvent:
@@ -99,6 +111,7 @@ class LlmBridge:
     """Wraps one started Engine (or anything with its submit/release/active_slots shape)."""
 
     probes_user_end = True  # prefill(probe_user_end=True) reads the end-of-turn probability (voice.remote.llm: no)
+    native_tools = False  # tools go in the prompt's text and calls are bound by a grammar (voice.remote.llm: True)
     local_cache = True  # prefill() fills a cache here, for the cost of the new tokens alone (voice.remote.llm: no)
 
     def __init__(self, engine: Any) -> None:
@@ -114,9 +127,11 @@ class LlmBridge:
         seed: int | None = None,
         probe_user_end: bool = False,
         constraint: Constraint | None = None,
+        tools: ToolAsk | None = None,
     ) -> LlmCall:
         """Submit a request; iterate the call for its events (in the event loop's thread). `messages`: (role, content)
-        pairs, or ChatMessages (a tool call and its result). `constraint`: decode under that grammar."""
+        pairs, or ChatMessages (a tool call and its result). `constraint`: decode under that grammar. `tools`: unused
+        here (the grammar binds the calls, and the tools are in the prompt's text: voice.tool_turn.with_tools)."""
         request = GenerateRequest(
             session_id=session_id,
             messages=tuple(m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in messages),

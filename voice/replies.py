@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import replace
+from typing import Any
 
 from llm_engine.constrain import Constraint
 from llm_engine.request import ChatMessage
@@ -22,11 +23,11 @@ from voice.first_phrase import HeldPhrase
 from voice.history import reply_content
 from voice.interjection import words
 from voice.listener import Utterance
-from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
+from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken, ToolAsk
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
 from voice.timers import Timers
-from voice.tool_turn import CALL_TOKENS, session_tools, tool_reply, warm_grammar
+from voice.tool_turn import CALL_TOKENS, reply_choice, session_tools, tool_reply, warm_grammar
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
@@ -188,16 +189,16 @@ class Replies:
                 utt.trace.info["ahead"] = utt.savings(trace.marks_ns["endpoint"])  # refined once the reply's reuse is known
             p = s.persona
             specs = session_tools(p, s.client_tools, s.client_tool_choice)
-            choice = s.client_tool_choice if s.client_tools and s.client_tool_choice else p.tool_choice
-            if specs and choice != "auto":  # a forced call decodes under its grammar from the first token: the phrase
-                s.preempt.unused(a.turn_id)  # made ahead (free text) cannot begin it
+            choice = reply_choice(p, s.client_tools, s.client_tool_choice)
+            if s.tools_unfit_ahead():  # (the tools changed since the pause: first_phrase did not see it)
+                s.preempt.unused(a.turn_id)
             held = await s.preempt.take(a.turn_id, messages) if a.kind == "voice" else None
             trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             if specs:  # the reply may call a tool (voice.tool_turn); a phrase made ahead (no grammar) is continued
                 await warm_grammar(s.stages.llm)
-                deltas = tool_reply(lambda m, c, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
-                                                                         c, CALL_TOKENS if c and not c.trigger else 0),
+                deltas = tool_reply(lambda m, c, ask, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
+                                                                              c, CALL_TOKENS if ask.choice not in ("auto", "none") else 0, ask),
                                     messages, p.toolbox, specs, choice, p.tool_filler, self.timers, trace,
                                     lambda d: self._client_call(a.turn_id, d))  # fmt: skip
             else:
@@ -297,7 +298,7 @@ class Replies:
 
     async def _llm_deltas(
         self, messages: Sequence[tuple[str, str] | ChatMessage], trace: TurnTrace, utt: Utterance | None, call: list[LlmCall],
-        held: HeldPhrase | None = None, constraint: Constraint | None = None, extra_tokens: int = 0,
+        held: HeldPhrase | None = None, constraint: Constraint | None = None, extra_tokens: int = 0, tools: ToolAsk | None = None,
     ) -> AsyncIterator[str]:
         """The reply's text: from its own engine request, or from the one made ahead (`held`), continued."""
         s = self.s
@@ -307,7 +308,9 @@ class Replies:
         if held is not None and held.call is not None:  # (made without a grammar: a call in it is parsed as written)
             events, replay = held.call, held.replay()
         else:
-            more = {} if constraint is None else {"constraint": constraint}
+            more: dict[str, Any] = {} if constraint is None else {"constraint": constraint}
+            if tools is not None:
+                more["tools"] = tools
             events = s.stages.llm.generate(s.session_id, messages, max_new_tokens=persona.max_reply_tokens + extra_tokens,
                                            temperature=persona.temperature, **more)  # fmt: skip
             replay = events

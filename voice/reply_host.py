@@ -61,3 +61,7 @@ class ReplyHost(Protocol):
     def reply_done(self, turn_id: int) -> None:
         """A reply ended: the voice turn it answered can no longer be joined by a continuation."""
         ...
+
+    def tools_unfit_ahead(self) -> str | None:
+        """Why a reply's first phrase may not be made in the pause, for its tools (None: it may)."""
+        ...

@@ -25,7 +25,7 @@ from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from llm_engine.tool_format import ToolSpec
-from voice.tool_turn import with_tools
+from voice.tool_turn import ahead_unfit, with_tools
 from voice.trace import TurnTrace
 from voice.turn_policy import TurnPolicy
 from voice.turntaking import (
@@ -281,8 +281,14 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
-        system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice)
+        system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice,
+                            native=getattr(self.stages.llm, "native_tools", False))  # fmt: skip
         return self.memory.prompt(system, user_text, joins)
+
+    def tools_unfit_ahead(self) -> str | None:
+        """Why a reply's first phrase may not be made in the pause, for its tools (voice.tool_turn.ahead_unfit)."""
+        native = getattr(self.stages.llm, "native_tools", False)
+        return ahead_unfit(self.persona, self.client_tools, self.client_tool_choice, native)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:
         """Run `fn(*args)` as background work of this session. The coroutine is made inside the task, so a

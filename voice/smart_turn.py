@@ -20,6 +20,18 @@ class TurnModel(Protocol):
         ...
 
 
+def with_silence_to_come(audio: np.ndarray, silence_ms: float, check_ms: float) -> np.ndarray:
+    """`audio` (ending in `silence_ms` of pause) as a check at `check_ms` of silence will hear it: the pause's
+    quietest 10 ms (the room's own floor, never a word's tail) repeated for the silence still to come."""
+    audio = np.asarray(audio, dtype=np.float32)
+    step = SAMPLE_RATE // 100
+    tail = audio[len(audio) - int(silence_ms * SAMPLE_RATE / 1000) :]
+    windows = [tail[i : i + step] for i in range(0, len(tail) - step + 1, step)] or [np.zeros(step, np.float32)]
+    floor = min(windows, key=lambda w: float(np.mean(np.square(w))))
+    extra = int(max(0.0, check_ms - silence_ms) * SAMPLE_RATE / 1000)
+    return np.concatenate([audio, np.tile(floor, -(-extra // step))[:extra]])
+
+
 class SmartTurn:
     """Smart Turn v3.2 on onnxruntime with one thread (~26 ms a check on one core of the dev machine, features
     ~3 ms). Input: the last 8 s, left-padded with zeros, as Whisper log-mel features (80 bins, 10 ms hop,

@@ -16,6 +16,7 @@ from llm_engine import constrain
 from llm_engine.request import ChatMessage
 from llm_engine.tool_calls import CallParser, CallStarted, Delta, TextDelta, call_constraint
 from llm_engine.tool_format import ToolCall, ToolSpec, our_tools_prompt
+from voice.llm_bridge import ToolAsk
 from voice.timers import Timers, bound
 from voice.tool_registry import ToolBox, ToolResult
 from voice.trace import TurnTrace
@@ -27,8 +28,9 @@ CALL_TOKENS = 128  # a request forced to call (required, a name) has this many m
 ROUNDS = 2  # engine requests a turn: one that may call a tool, one that answers with its result
 _LEFT_RUNNING: set[asyncio.Task[Any]] = set()  # not-cancellable calls a barge-in left to finish (bounded by timeouts)
 
-# one engine request: (messages, constraint, first round?) -> the reply's text deltas (voice.replies)
-Generate = Callable[[list[ChatMessage], "constrain.Constraint | None", bool], AsyncIterator[str]]
+# one engine request: (messages, constraint, tools, first round?) -> the reply's text deltas (voice.replies). The
+# constraint binds our engine's calls; the tools are for an LLM that takes them natively (voice.remote.llm)
+Generate = Callable[[list[ChatMessage], "constrain.Constraint | None", ToolAsk, bool], AsyncIterator[str]]
 
 
 def new_call_id() -> str:
@@ -61,11 +63,12 @@ async def tool_reply(
     history = [m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in messages]
     theirs = {t.name for t in specs} - set(box.tools)
     constraint = call_constraint(specs, choice, parallel=False)
+    ask = ToolAsk(tuple(specs), choice, parallel=False)
     for round_no in range(ROUNDS):
         parser = CallParser(new_call_id)
         said: list[str] = []
         forward: set[int] = set()  # the indices of client calls
-        async for text in generate(history, constraint, round_no == 0):
+        async for text in generate(history, constraint, ask, round_no == 0):
             for d in parser.feed(text):
                 if isinstance(d, TextDelta):  # a call's own text is never spoken
                     said.append(d.text)
@@ -93,7 +96,8 @@ async def tool_reply(
             results.append(_finished(task.result(), trace))
         history += [ChatMessage("assistant", "".join(said).strip(), tuple(parser.calls)),
                     *(ChatMessage("tool", said_by(r), tool_call_id=r.call.id) for r in results)]  # fmt: skip
-        constraint = None  # the answer is free text
+        constraint = None  # the answer is free text (a native server gets the same tools, so the same prompt, under auto)
+        ask = ToolAsk(tuple(specs), "auto", parallel=False)
 
 
 def said_by(result: ToolResult) -> str:
@@ -134,10 +138,13 @@ def _finished(result: ToolResult, trace: TurnTrace | None) -> ToolResult:
     return result
 
 
-def with_tools(system_prompt: str, persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None) -> str:
+def with_tools(
+    system_prompt: str, persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None, native: bool = False
+) -> str:
     """The system prompt with the persona's tools and the client's in our prompt format (llm_engine.tool_format):
-    every request of the session (the warm-up, the prefill ahead of the endpoint, the reply) shares it."""
-    specs = session_tools(persona, client, client_choice)
+    every request of the session (the warm-up, the prefill ahead of the endpoint, the reply) shares it. native: the
+    LLM takes the tools as a request field (a remote server renders them itself): the prompt stays as it is."""
+    specs = () if native else session_tools(persona, client, client_choice)
     return f"{system_prompt}\n\n{our_tools_prompt(specs)}" if specs else system_prompt
 
 
@@ -148,3 +155,22 @@ def session_tools(persona: Any, client: Sequence[ToolSpec] = (), client_choice: 
     names = {t.spec.name for t in persona.tools}
     theirs = tuple(t for t in client if t.name not in names) if client_choice != "none" else ()
     return (*mine, *theirs)
+
+
+def reply_choice(persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None) -> str:
+    """The tool_choice a reply decodes under: the client's, when it gave tools and a choice; else the persona's."""
+    return client_choice if client and client_choice else persona.tool_choice
+
+
+def ahead_unfit(persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None, native: bool = False) -> str | None:
+    """Why, for its tools, a reply's first phrase may not be made ahead of the endpoint (voice.first_phrase), or None.
+    A forced call (required, a name) decodes under the call grammar from its first token, which a free-text phrase
+    made ahead cannot begin: it would be thrown away. A remote LLM that takes tools natively gets them only in the
+    reply's own request."""
+    if not session_tools(persona, client, client_choice):
+        return None
+    choice = reply_choice(persona, client, client_choice)
+    if choice != "auto":
+        return f"the reply must call a tool (tool_choice {choice})"
+    return "the remote LLM takes the tools in the reply's own request" if native else None
+

@@ -261,3 +261,14 @@ def test_tools_tiny(tmp_path: Path) -> None:
     assert forced["valid"] == forced["calls"] and forced["calls"] + forced["cut"] >= 3  # valid by construction
     assert result["mask"]["free_tok_s"] > 0 and result["mask"]["grammar_tok_s"] > 0 and result["mask"]["mask_ms"] > 0
     assert "tool_choice" in proc.stdout and "of a decode step" in proc.stdout
+
+
+def test_tools_default_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "tools_default.json"
+    proc = run_script("tools_default", "--tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["requests"] == 4 and result["tokens"]["with"] > result["tokens"]["without"] > 0
+    assert all(result["cost"][k]["decode_tok_s"] > 0 for k in ("without", "with"))
+    assert result["auto"]["wanted"] == 3 and result["auto"]["no_tool"] == 1
+    assert "calls when none was wanted" in proc.stdout

@@ -49,7 +49,10 @@ def question_16k() -> np.ndarray:
 
 
 async def test_spoken_what_time_is_it_runs_the_time_tool_and_speaks_the_answer(tool_server, question_16k) -> None:
+    from llm_engine import constrain
+
     port, runtime = tool_server
+    misses = constrain._ll_tokenizer.cache_info().misses
     async with Client(f"ws://127.0.0.1:{port}/ws?token={TOKEN}") as c:
         await c.start()
         await c.wait_for("response.done")  # the greeting (fixed words: no tool)
@@ -59,6 +62,7 @@ async def test_spoken_what_time_is_it_runs_the_time_tool_and_speaks_the_answer(t
         trace = await c.wait_for("turn.trace", turn_id=turn, timeout_s=180)
         done = c.of("response.done", turn)[0]
     assert corpus.wer(QUESTION, final["text"]) <= 0.25, final["text"]
+    assert constrain._ll_tokenizer.cache_info().misses == misses  # the grammar's tokenizer view was built at load
     assert trace["tools"][0]["name"] == "current_time" and trace["tools"][0]["ok"] is True, trace.get("tools")
     assert trace["stages_ms"]["tool"] >= 0 and "voice_to_voice" in trace["stages_ms"]
     assert trace["marks_ms"]["tool_done"] <= trace["marks_ms"]["first_audio_sent"] or "Let me" in done["text"]

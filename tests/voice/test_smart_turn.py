@@ -49,3 +49,18 @@ def test_only_the_last_eight_seconds_count(model: SmartTurn) -> None:
 def test_a_file_that_is_not_smart_turn_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a Smart Turn"):
         SmartTurn(find_embedded("vad"))  # an ONNX model with other inputs
+
+
+def test_the_silence_to_come_repeats_the_pauses_quietest_floor() -> None:
+    """An audio check made at the pause hears the length a later check would: the pause's quietest 10 ms (room noise,
+    never the last word's tail) repeated for the silence still to come."""
+    from voice.smart_turn import with_silence_to_come
+
+    rng = np.random.default_rng(0)
+    speech = 0.3 * rng.standard_normal(16000).astype(np.float32)
+    tail = np.concatenate([0.2 * rng.standard_normal(160), 0.001 * rng.standard_normal(352)]).astype(np.float32)  # 32 ms
+    padded = with_silence_to_come(np.concatenate([speech, tail]), silence_ms=32.0, check_ms=160.0)
+    extra = padded[16000 + 512 :]
+    assert len(extra) == 128 * 16  # 160 - 32 ms
+    assert float(np.sqrt(np.mean(np.square(extra)))) < 0.002  # the floor, not the 0.2 word tail
+    assert np.array_equal(with_silence_to_come(speech, 32.0, 32.0), speech)  # nothing to come: unchanged

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fakes import PERSONAS, FakeEngine, FakeTts, Harness, tone
+from fakes import PERSONAS, FakeEngine, FakeTts, Harness, quiet, tone
 from llm_engine.tool_format import call_text, ToolCall
 from support.waiting import wait_for
 from voice.builtin_tools import current_time
@@ -167,19 +167,6 @@ async def test_timers_die_with_the_session_and_a_bad_duration_is_an_error_result
     assert not timers.fired and all(t.done() for t in tasks)  # closing the session ended the hour's timer
 
 
-def test_a_remote_llm_gets_a_tool_round_as_plain_messages() -> None:
-    """A remote chat server takes no tool ids without its own tools: the call goes as its text, the result as the
-    user's message (the tools are in the system prompt as text; no grammar binds a remote model)."""
-    from llm_engine.request import ChatMessage
-    from voice.remote.llm import _pair
-
-    c = ToolCall("call_1", "current_time", "{}")
-    assert _pair(ChatMessage("assistant", "", (c,))) == ("assistant", call_text(c))
-    assert _pair(ChatMessage("tool", "The current_time tool says: noon", tool_call_id="call_1")) == (
-        "user", "The current_time tool says: noon")
-    assert _pair(ChatMessage("user", "hi")) == ("user", "hi")
-
-
 def test_persona_tools_from_the_config() -> None:
     from parley.config import ConfigError, Persona
     from parley.runtime import persona_tools
@@ -197,3 +184,24 @@ def test_persona_tools_from_the_config() -> None:
                       ({"tools": ("default",), "tool_choice": "weather"}, "tool_choice")):  # fmt: skip
         with pytest.raises(ConfigError, match=says):
             persona_tools("p", persona_of(**bad))
+
+
+@pytest.mark.parametrize("choice", ["current_time", "auto"])
+async def test_a_forced_call_starts_no_first_phrase_in_the_pause(choice: str) -> None:
+    """A persona that forces a call: the reply decodes under the call grammar from its first token, so no free-text
+    phrase is made ahead (it would be thrown away); the trace says it was shed. Under auto the phrase is made."""
+    from voice.turn_policy import TurnPolicy
+
+    engine = ScriptedEngine(script=[call("current_time"), "It is late.".split()] if choice != "auto" else [])
+    async with Harness(engine=engine, personas=persona(tool_from(current_time), choice=choice), preemptive_phrase=True,
+                       turns=TurnPolicy(detection="fixed", hangover_ms=1500)) as h:  # fmt: skip
+        await h.feed(tone(800))
+        await h.feed(quiet(3000), until=lambda: bool(h.of("response.done")))
+        trace = await h.wait_for("turn.trace")
+    generations = [r for r in engine.requests if r.sampling.max_new_tokens > 0]
+    if choice == "auto":
+        assert trace["preemptive"] == "hit" and len(generations) == 1
+        return
+    assert trace["preemptive"] == "shed" and trace["preemptive_waste"]["tokens"] == 0, trace
+    assert generations[0].constraint is not None and generations[0].constraint.trigger is None  # the forced call first
+    assert trace["tools"][0]["name"] == "current_time"

@@ -6,6 +6,10 @@ takes as a cancel. The ahead-of-endpoint prefill is a 1-token request with the p
 prefix cache (vLLM's automatic prefix caching, `parley stages`) then only prefill the new words at the turn
 end. A chat API exposes no prompt probabilities, so there is no text end-of-turn signal (`probes_user_end` is
 False): a session's turn-taking then decides from silence and audio (voice.turn_policy.TurnPolicy.without_text).
+
+Tools go to the server natively (`tools`, `tool_choice`, `parallel_tool_calls`, `response_format`: vLLM and OpenAI run
+them) and its streamed `tool_calls` come back as the call text our engine writes (voice.remote.tool_wire), after the
+reply's content; a call that cannot be run (an unknown tool, arguments that are not a JSON object) is an LlmError.
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken
+from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken, ToolAsk
 from voice.remote.client import RemoteSpec, trace_headers
+from voice.remote.tool_wire import BadToolCall, CallAssembler, tool_fields, wire_messages
 
 _REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
 
@@ -42,6 +47,7 @@ class RemoteCall:
 
 class RemoteLlm:
     probes_user_end = False  # see the module doc
+    native_tools = True  # tools go to the server as `tools` (not in the prompt's text); no grammar here
     local_cache = False  # a prefill is a whole request to the server
 
     def __init__(self, spec: RemoteSpec) -> None:
@@ -49,6 +55,7 @@ class RemoteLlm:
         self._key = spec.api_key()
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
         self._active = 0
+        self._tools: dict[str, ToolAsk] = {}  # session -> the tools of its last request (its prefills render them too)
 
     def _client(self) -> Any:
         """One AsyncOpenAI per event loop: its connection pool belongs to the loop that made it."""
@@ -65,27 +72,36 @@ class RemoteLlm:
     def generate(
         self, session_id: str, messages: Sequence[Any], *, max_new_tokens: int,
         temperature: float = 0.0, seed: int | None = None, probe_user_end: bool = False, constraint: Any = None,
+        tools: ToolAsk | None = None, top_p: float | None = None, stop: Sequence[str] = (),
     ) -> RemoteCall:  # fmt: skip
-        """`messages`: (role, content) pairs or ChatMessages (a voice session's tool round: the call goes as its text,
-        the result as a user message, the tools being in the system prompt as text). `constraint` is ignored: the
-        grammar needs our engine, so a remote model's calls are parsed from what it writes (docs/tools.md)."""
-        pairs = [m if isinstance(m, tuple) else _pair(m) for m in messages]
-        return RemoteCall(self._stream(session_id, pairs, max(1, max_new_tokens), temperature, seed))
+        """`messages`: (role, content) pairs or ChatMessages (a tool round: tool_wire.wire_messages). `tools`: what
+        the server may call (passed natively). `constraint` is ignored: the server binds its calls itself.
+        `session_id` "" sends no `user` (a request of no conversation)."""
+        if tools is not None and session_id:
+            self._tools[session_id] = tools
+        fields = {"top_p": top_p, "stop": list(stop) or None}
+        return RemoteCall(self._stream(session_id, messages, max(1, max_new_tokens), temperature, seed, tools, fields))
 
     async def _stream(
-        self, session_id: str, messages: Sequence[tuple[str, str]], max_tokens: int, temperature: float, seed: int | None
-    ) -> AsyncIterator[LlmEvent]:
+        self, session_id: str, messages: Sequence[Any], max_tokens: int, temperature: float, seed: int | None,
+        tools: ToolAsk | None, fields: dict[str, Any], calls: bool = True,
+    ) -> AsyncIterator[LlmEvent]:  # fmt: skip
+        """calls: parse the reply's tool calls (a prefill only renders the tools, and stops after one token)."""
         import openai
 
         t0 = time.perf_counter()
         first_ms = 0.0
         reason, usage = "stop", None
+        more = {k: v for k, v in fields.items() if v is not None}
+        if tools is not None:
+            more.update(tool_fields(tools.tools, tools.choice, tools.parallel, tools.response_format))
+        assembler = CallAssembler(t.name for t in (tools.tools if tools is not None else ()))
         self._active += 1
         try:
             stream = await self._client().chat.completions.create(
-                model=self.spec.model, messages=[{"role": r, "content": c} for r, c in messages], max_tokens=max_tokens,
-                temperature=temperature, seed=seed, user=session_id, stream=True, stream_options={"include_usage": True},
-                extra_headers=trace_headers(),
+                model=self.spec.model, messages=wire_messages(messages), max_tokens=max_tokens,
+                temperature=temperature, seed=seed, user=session_id or openai.NOT_GIVEN, stream=True,
+                stream_options={"include_usage": True}, extra_headers=trace_headers(), **more,
             )  # fmt: skip
             async with stream:  # leaving closes the response: the server takes it as a cancel
                 async for chunk in stream:
@@ -95,8 +111,16 @@ class RemoteLlm:
                         if choice.delta.content:
                             first_ms = first_ms or 1000.0 * (time.perf_counter() - t0)
                             yield LlmToken(choice.delta.content)
+                        if choice.delta.tool_calls and calls:
+                            first_ms = first_ms or 1000.0 * (time.perf_counter() - t0)
+                            assembler.feed(choice.delta.tool_calls)
                         if choice.finish_reason:
                             reason = _REASONS.get(choice.finish_reason, "stop")
+            if assembler:  # the calls after the content, whole and checked, as our engine writes them
+                yield LlmToken(assembler.text())
+        except BadToolCall as exc:
+            yield LlmError(f"LLM server {self.spec.base_url}: {exc}")
+            return
         except (openai.APIError, OSError) as exc:
             yield LlmError(f"LLM server {self.spec.describe(exc)}")
             return
@@ -112,9 +136,13 @@ class RemoteLlm:
     async def prefill(
         self, session_id: str, messages: Sequence[tuple[str, str]], *, probe_user_end: bool = False
     ) -> LlmFinish | LlmError:
-        """A 1-token request: the server caches the prompt's prefix for the real one (see the module doc)."""
+        """A 1-token request: the server caches the prompt's prefix for the real one (see the module doc), with the
+        tools of the session's last request, which the server renders into that prompt."""
         last: LlmFinish | LlmError = LlmError("no finish event")
-        async with aclosing(self._stream(session_id, messages, 1, 0.0, None)) as events:
+        tools = self._tools.get(session_id)
+        if tools is not None and tools.choice not in ("auto", "none"):
+            tools = ToolAsk(tools.tools, "auto", tools.parallel)  # the same prompt; a forced call would be a wasted token
+        async with aclosing(self._stream(session_id, messages, 1, 0.0, None, tools, {}, calls=False)) as events:
             async for event in events:
                 if isinstance(event, LlmFinish | LlmError):
                     last = event
@@ -124,15 +152,7 @@ class RemoteLlm:
 
     def release(self, session_id: str) -> None:
         """The server keeps or evicts the conversation's cache by its own policy."""
+        self._tools.pop(session_id, None)
 
     def active_slots(self) -> int:
         return self._active
-
-
-def _pair(m: Any) -> tuple[str, str]:
-    """A ChatMessage as a plain (role, content) the chat API takes without tool ids."""
-    from llm_engine.tool_format import call_text
-
-    if m.tool_calls:
-        return "assistant", "\n".join(filter(None, [m.content, *(call_text(c) for c in m.tool_calls)]))
-    return ("user" if m.role == "tool" else m.role), m.content

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and GET /v1/models over the loaded engine: streamed (SSE) or whole.
+"""POST /v1/chat/completions and GET /v1/models over the loaded engine or a remote LLM: streamed (SSE) or whole.
 
 A request names its conversation with `user` or the X-Parley-Session header: its cache is kept in that
 conversation's slot between requests. Without one it is anonymous and finds a continued conversation's cache
@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llm_engine import constrain
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
-from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+from llm_engine.tool_format import ToolSpec
+from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken, ToolAsk
 from web.openai_api import tools as wire_tools
 from web.openai_api.schema import ApiError, ChatRequest, Message, require_stage
 from web.otel.requests import annotate_chat
@@ -31,7 +32,8 @@ DEFAULT_MAX_TOKENS = 512
 _FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
 
-def engine_request(body: ChatRequest, session: str | None, max_seq_len: int) -> GenerateRequest:
+def _checked(body: ChatRequest) -> tuple[int | None, tuple[ToolSpec, ...]]:
+    """-> (max tokens asked for, the tools), or the 400 naming what is wrong."""
     body.check_supported()
     wanted = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if wanted == 0:
@@ -40,6 +42,11 @@ def engine_request(body: ChatRequest, session: str | None, max_seq_len: int) -> 
         tools = wire_tools.tool_specs(body.tools)
     except ValueError as exc:
         raise ApiError(400, f"tools: {exc}", param="tools") from None
+    return wanted, tools
+
+
+def engine_request(body: ChatRequest, session: str | None, max_seq_len: int) -> GenerateRequest:
+    wanted, tools = _checked(body)
     try:
         choice = wire_tools.choice_name(body.tool_choice, tools)
         constraint = wire_tools.reply_constraint(tools, choice, body.parallel_tool_calls, body.response_format)
@@ -58,6 +65,26 @@ def engine_request(body: ChatRequest, session: str | None, max_seq_len: int) -> 
     if session:
         return GenerateRequest(f"http:{session}", messages, sampling, **more)
     return GenerateRequest(f"anon:{uuid.uuid4().hex}", messages, sampling, share_prefix=True, **more)
+
+
+def remote_call(llm: Any, body: ChatRequest, session: str | None) -> tuple[Any, bool]:
+    """The request for an LLM that is itself remote (models.llm.backend: openai): checked as ours (ids, choices,
+    formats), then passed through with its tools; the server binds its own calls (no grammar is compiled here).
+    -> (the call, whether tools were given)."""
+    wanted, tools = _checked(body)
+    fmt = body.response_format if body.response_format is not None and body.response_format.type != "text" else None
+    try:
+        choice = wire_tools.choice_name(body.tool_choice, tools)
+        if choice not in ("none", "auto", "required", *(t.name for t in tools)):
+            raise ValueError(f"tool_choice names {choice!r}, which is not among the tools ({', '.join(t.name for t in tools)})")
+        if fmt is not None and choice != "none":
+            raise ValueError("response_format with tools: set tool_choice to none, or leave response_format out")
+    except ValueError as exc:
+        raise ApiError(400, f"tool_choice: {exc}", param="tool_choice") from None
+    ask = ToolAsk(tools, choice, body.parallel_tool_calls, None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True))
+    call = llm.generate(session or "", _engine_messages(body.messages), max_new_tokens=wanted or DEFAULT_MAX_TOKENS,
+                        temperature=body.temperature, seed=body.seed, tools=ask, top_p=body.top_p, stop=body.stops())  # fmt: skip
+    return call, bool(tools)
 
 
 def _engine_messages(wire: list[Message]) -> tuple[ChatMessage, ...]:
@@ -98,17 +125,19 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
     async def chat(body: ChatRequest, request: Request) -> JSONResponse | StreamingResponse:
         require_stage(served, "llm")
         engine = runtime().engine
-        if engine is None:
-            raise ApiError(501, "this server's LLM is itself remote (models.llm.backend: openai)", type="server_error")
         session = body.user or request.headers.get(SESSION_HEADER)
-        req = engine_request(body, session, engine.max_seq_len)
-        if req.constraint is not None:  # the tokenizer's grammar view is built once (~1 s): not on the event loop
-            await asyncio.to_thread(constrain.warm, engine.tokenizer)
-        call = LlmCall(engine, req)
+        call: Any
+        if engine is None:  # the LLM is itself remote: the request goes on to its server, tools and all
+            call, tools = remote_call(runtime().stages.llm, body, session)
+        else:
+            req = engine_request(body, session, engine.max_seq_len)
+            if req.constraint is not None:  # the tokenizer's grammar view is built once (~1 s): not on the event loop
+                await asyncio.to_thread(constrain.warm, engine.tokenizer)
+            call, tools = LlmCall(engine, req), bool(req.tools)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model or next(iter(model_ids))}
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(call, head, usage, bool(req.tools)), media_type="text/event-stream",
+            return StreamingResponse(_sse(call, head, usage, tools), media_type="text/event-stream",
                                      headers={"cache-control": "no-cache", "x-accel-buffering": "no"})  # fmt: skip
         parts: list[str] = []
         async with aclosing(call):
@@ -116,14 +145,14 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
                 if isinstance(event, LlmToken):
                     parts.append(event.text)
                 elif isinstance(event, LlmError):
-                    raise ApiError(500, f"generation failed: {event.message}", type="server_error")
+                    raise ApiError(500 if engine is not None else 502, f"generation failed: {event.message}", type="server_error")
                 else:
                     fin = event
         annotate_chat(head["model"], fin)
         if fin.reason == "context" and fin.generated_tokens == 0:
             raise ApiError(400, f"messages: the last message alone is longer than the context ({engine.max_seq_len} "
                            "tokens, less room for the reply)", param="messages", code="context_length_exceeded")  # fmt: skip
-        message, called = wire_tools.message_of("".join(parts)) if req.tools else ({"role": "assistant", "content": "".join(parts)}, False)
+        message, called = wire_tools.message_of("".join(parts)) if tools else ({"role": "assistant", "content": "".join(parts)}, False)
         finish = "tool_calls" if called and fin.reason == "stop" else _FINISH[fin.reason]
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(fin)})
@@ -131,7 +160,7 @@ def router(runtime: Callable[[], Runtime], model_ids: dict[str, str], served: Co
     return api
 
 
-async def _sse(call: LlmCall, head: dict[str, Any], include_usage: bool, tools: bool) -> AsyncIterator[str]:
+async def _sse(call: Any, head: dict[str, Any], include_usage: bool, tools: bool) -> AsyncIterator[str]:
     """Chunks as OpenAI streams them: the role, content deltas (or tool_calls deltas: index, id and name, then the
     arguments in fragments), the finish reason, the usage, then [DONE]."""
     parser = wire_tools.CallParser(wire_tools.new_call_id) if tools else None
