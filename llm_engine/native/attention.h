@@ -48,9 +48,10 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     float top[G];
     for (int g = 0; g < G; ++g) top[g] = -INFINITY;
     // Four cached positions at a time: their G x 4 dot products stay in registers and each head's four
-    // are reduced together (sum4), then scaled once per position. One horizontal sum per position and
-    // head, with the code conversion beside it, made the int8 cache compute-bound (1.03x float16's speed
-    // at 2,000 positions where it reads half the bytes).
+    // are reduced together (sum4), then scaled once per position, instead of one horizontal sum per
+    // position and head (with the vectorized softmax sum below: ~8.5 -> ~5.9 ns per position for G = 3,
+    // head_dim 64, measured alone; the whole step's int8 / float16 ratio at 2,000 positions did not move
+    // beyond its noise, see docs/benchmarks.md's int8 KV section).
     constexpr int B = 4;
     int t = t0;
     // (G = 8 would hold 32 accumulators: it keeps one position at a time.)
