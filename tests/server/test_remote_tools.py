@@ -29,6 +29,7 @@ from test_realtime import open_rt
 from voice.llm_bridge import LlmError, LlmFinish, LlmToken, ToolAsk
 from voice.remote.client import RemoteSpec
 from voice.remote.llm import RemoteLlm
+from voice.scheduler import DirectRunner
 from web.app import create_app
 from web.openai_api.app import create_stages_app
 from ws_client import Client
@@ -64,7 +65,9 @@ def front(live_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fro
             data = yaml.safe_load(persona.read_text())
             persona.write_text(yaml.safe_dump({**data, "tools": ["default"], "tool_choice": "current_time", "max_reply_tokens": 30}))
             cfg = load_config(path)
-            runtime = replace(live_server.runtime, stages=replace(live_server.runtime.stages, llm=remote), engine=None)
+            # its own runner: the front's shutdown closes its runtime's, and the shared server's must outlive it
+            stages = replace(live_server.runtime.stages, llm=remote, runner=DirectRunner())
+            runtime = replace(live_server.runtime, stages=stages, engine=None)
             app = create_app(cfg, runtime=runtime)
             with serve_in_thread(app, "front", ws_max_size=cfg.server.max_message_bytes) as front_port:
                 yield Front(f"http://127.0.0.1:{front_port}", remote, runtime)
