@@ -217,7 +217,8 @@ def main() -> None:
         import platformdirs
 
         names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
-        shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder)
+        shapes_table(names, args.shape_types.split(","), Path(platformdirs.user_cache_dir("parley")) / "bench-shapes", folder,
+                     llama_cpp=not args.skip_llama_cpp)
     if args.gemma3:
         gemma3_table(args.gemma3, llama_cpp=not args.skip_llama_cpp, embedded=args.model)
 

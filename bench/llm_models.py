@@ -63,7 +63,7 @@ def persona_table(path: Path, *, sessions: int = 6) -> None:
               f" {statistics.median(total):14.0f} {statistics.median(computed):9.0f} {statistics.median(copied):7.0f}")  # fmt: skip
 
 
-def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: Path, n: int = 32) -> None:
+def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: Path, n: int = 32, llama_cpp: bool = True) -> None:
     """Decode tokens/s after a 40-token prompt, ours (int4 from the file's blocks, the compiled step) and llama.cpp."""
     print(f"\nDecode at real sizes (random weights, {n} greedy tokens after a 40-token prompt, {torch.get_num_threads()}"
           " threads; ours: llm.quant int4, the file's 4-bit blocks taken as they are):")  # fmt: skip
