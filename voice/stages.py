@@ -31,6 +31,7 @@ class PersonaSpec:
     tools: tuple[Tool, ...] = ()  # server-side tools its replies may call (voice.tool_turn)
     tool_choice: str = "auto"  # auto | required | none | a tool's name (that tool, every reply)
     tool_filler: str = "One moment."  # said while a tool takes longer than voice.tool_turn.FILLER_AFTER_S
+    tools_why: str = ""  # why these tools (parley.tool_offer): logged once a session
     lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
 
     @property
