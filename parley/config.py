@@ -107,6 +107,7 @@ class AsrModel(_Strict):
 
 class AsrConfig(_Strict):
     partial_interval_ms: int = Field(500, ge=100)  # how often the growing utterance is re-decoded
+    partial_busy_interval_ms: int = Field(2000, ge=0)  # ... while the machine cannot spare it (0: as partial_interval_ms)
 
 
 class LlmConfig(_Strict):

@@ -125,6 +125,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         turns=turn_policy(cfg),
         vad_threshold=cfg.vad.threshold,
         partial_interval_ms=cfg.asr.partial_interval_ms,
+        partial_busy_interval_ms=cfg.asr.partial_busy_interval_ms,
         budgets_ms=dict(cfg.budgets_ms),
         # ~3-4 characters a token in English: the history takes at most about half the context, the reply and the
         # system prompt the rest

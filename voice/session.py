@@ -92,7 +92,8 @@ class Session:
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
-            runner=stages.runner,
+            runner=stages.runner, partial_busy_interval_ms=settings.partial_busy_interval_ms,
+            busy=lambda: self.preempt.busy(),
         )  # fmt: skip
         self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
         self.listener.echo = self.echo

@@ -44,6 +44,7 @@ class SessionSettings:
     turns: TurnPolicy = field(default_factory=TurnPolicy)
     vad_threshold: float = 0.5
     partial_interval_ms: int = 500
+    partial_busy_interval_ms: int = 0  # while voice.first_phrase's busy() says the machine cannot spare it (0: off)
     budgets_ms: Mapping[str, float] = field(default_factory=dict)
     output_sample_rate: int = 22050
     audio_lead_ms: float = 1000.0
