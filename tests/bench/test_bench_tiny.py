@@ -166,7 +166,7 @@ def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [row[0] for row in result["conversation"]] == ["1-3", "4-6"]
+    assert [row[0] for row in result["conversation"]] == ["1-2", "3-4"]
     assert all(float(row[1]) > 0 for row in result["conversation"]) and result["cycle_ms"] > 0
     assert "connect/disconnect cycles" in proc.stdout
 
