@@ -265,3 +265,4 @@ def test_tools_default_tiny(tmp_path: Path) -> None:
     assert all(result["cost"][k]["decode_tok_s"] > 0 for k in ("without", "with"))
     assert result["auto"]["wanted"] == 3 and result["auto"]["no_tool"] == 1
     assert "calls when none was wanted" in proc.stdout
+    assert result["auto_offers_tools"] is False and "does not render tools" in result["why"]  # the embedded model
