@@ -22,6 +22,10 @@ def test_serve_prints_the_url_once_models_are_loaded(tmp_path: Path) -> None:
         assert health["models_loaded"] is True and health["sessions"] == 0
         assert health["llm_decode"].startswith("compiled CPU step"), health  # g++ is part of the setup
         assert httpx.get(server.url + "/", timeout=10).status_code == 200  # the browser client
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text  # what loading made is out of later collections
+        frozen = next(line for line in metrics.splitlines() if line.startswith("parley_gc_frozen_objects "))
+        assert float(frozen.split()[1]) > 100_000, frozen
+        assert "parley_gc_full_pause_seconds_total " in metrics
     finally:
         server.stop()
 
