@@ -4,7 +4,8 @@ per level voice_to_voice median/p95, errors, server CPU and memory; the most ses
 --scheduling both: the same levels with the stages scheduled as before (`server.scheduling: direct`, every
 recognition, synthesis and check on a thread of its own at once, no admission control) and after (the shared
 scheduler, admission from measured capacity), side by side with each stage's queue waits. A session the server
-refuses (`server_full`) counts as refused, not as an error.
+refuses (`server_full`) counts as refused, not as an error. The "before" server is always started for the run; with
+--server the "after" side runs on that one (it must schedule as shipped).
 
 --topology split: one `parley stages` process and two `parley serve` front ends whose three stages are remote
 (sessions dealt round-robin, as a load balancer would), instead of everything in one process; `both` runs the
@@ -62,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     args.max_sessions = 16
-    if args.server and (args.topology != "one" or args.scheduling == "both"):
-        p.error("--topology split/both and --scheduling both start their own processes: they cannot use --server")
+    if args.server and args.topology != "one":
+        p.error("--topology split/both starts its own processes: it cannot use --server")
     if args.topology == "both" and args.scheduling == "both":
         p.error("compare topologies or schedulings in one run, not both")
     if args.tiny:
@@ -279,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {}
     budgets: dict[str, float] = {}
     for name, topology, extra in plan:
-        runs[name], got = run_topology(topology, args, pool, out, extra, name)
+        own = name == "before" and args.scheduling == "both"  # started for the run, whatever --server names
+        runs[name], got = run_topology(topology, argparse.Namespace(**{**vars(args), "server": None}) if own else args,
+                                       pool, out, extra, name)  # fmt: skip
         budgets = budgets or got
     for name, rows in runs.items():
         if len(runs) > 1:

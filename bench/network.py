@@ -4,7 +4,8 @@ on the client's clock (last voiced sample sent -> first reply audio), the longes
 client plays what arrives, reply audio lost (WebRTC: missing 20 ms frames; TCP loses none, it waits), and the
 server's recognition of the user's speech (WER).
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.network [--tiny] [--turns 4] [--loss 0,2,5] [--markdown]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.network [--server URL] [--persona P] [--tiny] [--turns 4]
+        [--loss 0,2,5] [--markdown]
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _relayed(sdp: str, port: int) -> tuple[str, tuple[str, int]]:
 class RtcSession:
     """One conversation over WebRTC through `relay`: the microphone track says each prompt after the last reply."""
 
-    def __init__(self, http: str, up: Link, down: Link) -> None:
-        self.http, self.up, self.down = http, up, down
+    def __init__(self, http: str, up: Link, down: Link, persona: str | None = None) -> None:
+        self.http, self.up, self.down, self.persona = http, up, down, persona
         self.messages: list[dict[str, Any]] = []
         self.frames: list[tuple[float, int, float]] = []  # (arrival, pts, rms) of the reply track
         self.queue = np.zeros(0, dtype=np.float32)
@@ -128,7 +129,8 @@ class RtcSession:
         results = []
         try:
             await wait(lambda: channel.readyState == "open", 60)
-            channel.send(json.dumps({"type": "session.start", "protocol": 1}))
+            start = {"type": "session.start", "protocol": 1, **({"persona": self.persona} if self.persona else {})}
+            channel.send(json.dumps(start))
             await wait(lambda: any(m["type"] == "response.done" for m in self.messages))  # the greeting
             await self._quiet(wait)
             for prompt in prompts:
@@ -187,11 +189,12 @@ class RtcSession:
                 "client_lag_ms": lag}  # fmt: skip
 
 
-async def ws_conversation(url: str, up: Link, down: Link, prompts: list[Prompt]) -> list[dict[str, Any]]:
+async def ws_conversation(url: str, up: Link, down: Link, prompts: list[Prompt],
+                          persona: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     host, port = url.removeprefix("http://").split(":")
     proxy = await TcpProxy((host, int(port)), up, down).start()
     try:
-        session = ScriptedSession(f"127.0.0.1:{proxy.port}", turn_timeout_s=90.0)
+        session = ScriptedSession(f"127.0.0.1:{proxy.port}", persona=persona, turn_timeout_s=90.0)
         turns = await session.run(prompts)
     finally:
         proxy.close()
@@ -209,16 +212,17 @@ def summary(turns: list[dict[str, Any]], up: Link, down: Link) -> dict[str, Any]
             "client_lag_max": max(pick("client_lag_ms"), default=None)}  # fmt: skip
 
 
-async def bench(url: str, losses: list[float], prompts: list[Prompt], delay_ms: float, jitter_ms: float, seed: int) -> list[dict[str, Any]]:
+async def bench(url: str, losses: list[float], prompts: list[Prompt], delay_ms: float, jitter_ms: float, seed: int,
+                persona: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for loss in losses:
         for transport in ("websocket", "webrtc"):
             up, down = (Link(loss / 100, delay_ms, jitter_ms, seed + k) for k in (1, 2))
             t0 = time.monotonic()
             if transport == "websocket":
-                turns = await ws_conversation(url, up, down, prompts)
+                turns = await ws_conversation(url, up, down, prompts, persona)
             else:
-                turns = await RtcSession(url, up, down).run(prompts)
+                turns = await RtcSession(url, up, down, persona).run(prompts)
             rows.append({"transport": transport, "loss_pct": loss, **summary(turns, up, down), "detail": turns})
             print(f"  {transport} at {loss:g} % loss: {time.monotonic() - t0:.0f} s", flush=True)
     return rows
@@ -233,19 +237,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="artifacts/bench/network.json")
     p.add_argument("--markdown", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="one turn, lossless and 5 % loss")
+    p.add_argument("--persona", help="persona to talk to (default: the server's; --tiny: concise, short replies)")
+    p.add_argument("--tiny", action="store_true", help="one turn, lossless and 5 % loss, the concise persona")
+    p.add_argument("--server", help="a running server's URL (default: start `parley serve` on the embedded models)")
     args = p.parse_args(argv)
     if args.tiny:
-        args.turns, args.loss = 1, "0,5"
+        args.turns, args.loss, args.persona = 1, "0,5", args.persona or "concise"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = corpus_prompts(args.turns, voices=("piper",))
-    server = start_server(out.parent / "network-traces.jsonl", out.parent / "network-server.log")
+    server = None if args.server else start_server(out.parent / "network-traces.jsonl", out.parent / "network-server.log")
     try:
-        rows = asyncio.run(bench(server.url, [float(x) for x in args.loss.split(",")], prompts, args.delay_ms,
-                                 args.jitter_ms, args.seed))  # fmt: skip
+        url = args.server or server.url  # type: ignore[union-attr]
+        rows = asyncio.run(bench(url, [float(x) for x in args.loss.split(",")], prompts, args.delay_ms, args.jitter_ms,
+                                 args.seed, args.persona))  # fmt: skip
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     f = _stats.fmt_ms
     table = _stats.markdown if args.markdown else _stats.table
     print(f"\nLossy link: {args.delay_ms:g} ms ± {args.jitter_ms:g} ms each way, seed {args.seed}, {args.turns} turns")

@@ -35,6 +35,7 @@ class ParleyProcess:
         self.url = ""  # http://127.0.0.1:PORT once listening
         self.lines: list[str] = []  # everything it printed, across restarts
         self.starts = 0
+        self._reader: threading.Thread | None = None  # copies its output into the log and `lines`
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "cli.main"]
@@ -52,7 +53,8 @@ class ParleyProcess:
         self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)  # fmt: skip
         listening = threading.Event()
-        threading.Thread(target=self._copy, args=(self.proc.stdout, listening), daemon=True).start()
+        self._reader = threading.Thread(target=self._copy, args=(self.proc.stdout, listening), daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout_s
         while not listening.wait(0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -111,6 +113,8 @@ class ParleyProcess:
             return
         self._signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        if self._reader is not None:
+            self._reader.join(timeout=10)  # `lines` and the log hold the last it printed (why it ended, say)
 
     def _signal(self, sig: int) -> None:
         assert self.proc is not None

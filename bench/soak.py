@@ -196,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=100, help="connect/disconnect cycles (default 100)")
     p.add_argument("--out", default="artifacts/bench/soak.json")
     p.add_argument("--markdown", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="6 turns, 5 cycles, no abuse: a smoke test")
+    p.add_argument("--tiny", action="store_true", help="4 turns, 5 cycles, no abuse: a smoke test")
     args = p.parse_args(argv)
     if args.tiny:
-        args.turns, args.window, args.cycles = 6, 3, 5
+        args.turns, args.window, args.cycles = 4, 2, 5
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the message rate limit raised so that the history bomb is paced by itself (20 a second), as found

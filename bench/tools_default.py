@@ -3,7 +3,8 @@
 `python -m bench.tools_default [--tiny] [--out F]`: the persona's prompt in tokens without and with the default tools
 (`tools: [default]`, in our prompt format), a turn's prefill with the session's cache reused and its decode speed
 (medians), and, under tool_choice auto with the persona's own prompt, how often bench.tools' questions get the right
-tool and how often a question that wants none gets a call. Table and command in docs/benchmarks.md.
+tool and how often a question that wants none gets a call; and what the default `tools: auto` offers on this model
+(parley.tool_offer) and why. `--model` another .gguf or HF folder. Table and command in docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from llm_engine.tool_calls import CallParser, call_constraint
 from parley.config import DEFAULT_CONFIG, Persona
 from parley.runtime import persona_tools
+from parley.tool_offer import llm_tool_support
+from voice.llm_bridge import LlmBridge
 from voice.tool_turn import with_tools
 
 
@@ -28,7 +31,7 @@ def persona_prompts() -> tuple[str, str, tuple]:
     """(the assistant persona's system prompt, the same with the default tools, their specs)."""
     data = yaml.safe_load((DEFAULT_CONFIG.parent / "personas" / "assistant.yaml").read_text())
     base = data["system_prompt"]
-    tools = persona_tools("assistant", Persona(name="assistant", display_name="P", system_prompt=base, voice="joe",
+    tools, _ = persona_tools("assistant", Persona(name="assistant", display_name="P", system_prompt=base, voice="joe",
                                                tools=("default",)))  # fmt: skip
     specs = tuple(t.spec for t in tools)
     persona = SimpleNamespace(toolbox=SimpleNamespace(specs=lambda: specs), tool_choice="auto", tools=tools)
@@ -73,13 +76,15 @@ def auto_choices(engine: Engine, system: str, specs: tuple, cases: list) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="a .gguf or HF folder (default: the embedded SmolLM2)")
     p.add_argument("--tiny", action="store_true", help="4 questions, 1 round (the test's form)")
     p.add_argument("--out", help="write the numbers as JSON here")
     args = p.parse_args()
     from bench.llm_speed import llm_path
     from llm_engine.threads import on_own_thread
 
-    engine = on_own_thread(lambda: Engine.from_path(llm_path(None), max_seq_len=2048, max_slots=4))
+    path = llm_path(args.model)
+    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=4))
     warm(engine.tokenizer)
     base, tooled, specs = persona_prompts()
     cases = [CASES[0], CASES[6], CASES[14], CASES[20]] if args.tiny else CASES
@@ -91,15 +96,19 @@ def main() -> None:
         auto = auto_choices(engine, tooled, specs, cases)
     finally:
         engine.stop()
-    print(f"\nThe assistant persona on {llm_path(None).name}, without / with the default tools in its prompt")
+    support = llm_tool_support(LlmBridge(engine))
+    print(f"\nThe assistant persona on {path.name}, without / with the default tools in its prompt")
     for k in ("without", "with"):
         print(f"{k:>8}: prompt {tokens[k]} tokens, a turn's prefill (cache reused) {cost[k]['turn_prefill_ms']:.0f} ms, "
               f"decode {cost[k]['decode_tok_s']:.1f} tok/s")  # fmt: skip
     print(f"tool_choice auto with the persona's prompt: right tool {auto['right_tool']}/{auto['wanted']}, "
           f"calls when none was wanted {auto['unwanted']}/{auto['no_tool']}")  # fmt: skip
+    print(f"tools: auto (the default) offers on this model: {'the default tools' if support.can_call else 'none'} "
+          f"({support.why})")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "requests": len(cases)}, f, indent=1)
+            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "requests": len(cases),
+                       "auto_offers_tools": support.can_call, "why": support.why}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from llm_engine.tool_format import ToolCall, ToolSpec, template_dicts, template_
 
 _PUNCTUATION = frozenset(string.punctuation) | frozenset("…¿¡«»“”‘’")
 _SENTENCE_END = frozenset(".?!…")
+_PROBE_TOOL = "parley_probe_tool"  # template_lists_tools: a name no template writes by itself
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,19 @@ class Tokenizer:
     def renders_tools(self) -> bool:
         """The model's own template renders tools and `<tool_call>`s (else llm_engine.tool_format's prompt format)."""
         return template_renders_tools(getattr(self.hf, "chat_template", None))
+
+    @functools.cached_property
+    def template_lists_tools(self) -> bool:
+        """The model's own template renders a `tools` list, whatever its call format (Qwen2.5/Qwen3, Llama 3.1+,
+        Mistral...): the mark of a model trained to call tools. Rendered once with a probe tool: its name must show.
+        A template without tools (the embedded SmolLM2) ignores the argument; one that fails to render says no."""
+        probe = ToolSpec(_PROBE_TOOL, "Probe whether the chat template renders tools.").openai()
+        try:
+            text = self.hf.apply_chat_template([{"role": "user", "content": "Hello."}], tools=[probe],
+                                               add_generation_prompt=True, tokenize=False)  # fmt: skip
+        except Exception:  # no template, or one that cannot render this (jinja raises its own kinds)
+            return False
+        return _PROBE_TOOL in str(text)
 
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                     tools: Sequence[ToolSpec] = ()) -> str:  # fmt: skip

@@ -6,12 +6,13 @@ becomes one ConfigError line naming the file, the key and the reason. Knows noth
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from voice.trace import STAGES
 
@@ -106,6 +107,7 @@ class AsrModel(_Strict):
 
 class AsrConfig(_Strict):
     partial_interval_ms: int = Field(500, ge=100)  # how often the growing utterance is re-decoded
+    partial_busy_interval_ms: int = Field(2000, ge=0)  # ... while the machine cannot spare it (0: as partial_interval_ms)
 
 
 class LlmConfig(_Strict):
@@ -228,16 +230,34 @@ class WebRtcConfig(_Strict):
     ice_servers: tuple[IceServer, ...] = ()  # none: host candidates only, nothing asks a server outside
 
 
+_TOOL_FUNCTION = r"^[\w.]+:\w+$"
+
+
 class PersonaTool(_Strict):
     """A server-side tool (docs/tools.md): a Python function, its JSON schema read from its signature."""
 
-    function: str = Field(pattern=r"^[\w.]+:\w+$")  # module:function
+    function: str = Field(pattern=_TOOL_FUNCTION)  # module:function
     timeout_s: float = Field(10.0, gt=0, le=600)
     cancellable: bool = True  # a barge-in cancels the call (False: it runs to its end; its result is dropped)
 
 
 # what ships for a voice assistant: the time, arithmetic, a timer that speaks when due (`tools: default`)
 DEFAULT_TOOLS = ("voice.builtin_tools:current_time", "voice.builtin_tools:calculate", "voice.timers:set_timer")
+
+
+def _tool_entry(i: int, entry: Any) -> str | PersonaTool:
+    """One entry of a persona's tools: list, checked with a message naming it."""
+    if isinstance(entry, str):
+        if entry != "default" and not re.fullmatch(_TOOL_FUNCTION, entry):
+            raise ValueError(f"tools[{i}]: {entry!r} is neither default nor module:function")
+        return entry
+    if not isinstance(entry, (dict, PersonaTool)):
+        raise ValueError(f"tools[{i}]: {entry!r} is neither module:function nor {{function, timeout_s, cancellable}}")
+    try:
+        return PersonaTool.model_validate(entry)
+    except ValidationError as err:
+        key, msg = _first_error(err)
+        raise ValueError(f"tools[{i}].{key}: {msg}") from None
 
 
 class Persona(_Strict):
@@ -249,14 +269,35 @@ class Persona(_Strict):
     speaking_rate: float = Field(1.0, ge=0.5, le=2.0)
     max_reply_tokens: int = Field(120, ge=1, le=2048)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
-    # module:function, or {function, timeout_s, cancellable}; "default" stands for DEFAULT_TOOLS. Off unless listed:
-    # tools in the prompt lengthen it ~8x for the embedded model, and every latency number so far was measured without
-    tools: tuple[str | PersonaTool, ...] = ()
+    # auto: DEFAULT_TOOLS where the LLM can call tools (a remote LLM, or a chat template that renders tools), none on
+    # a model without (the embedded SmolLM2: they lengthen its prompt ~7x and it never picks one); parley.tool_offer.
+    # A list is offered as it is, on any model: module:function, {function, timeout_s, cancellable}, or "default"
+    # (DEFAULT_TOOLS); [] is none.
+    tools: Literal["auto"] | tuple[str | PersonaTool, ...] = "auto"
     tool_choice: str = "auto"  # auto | required | none | one tool's function name (called in every reply)
     tool_filler: str = Field("One moment.", min_length=1, max_length=200)  # said while a tool runs over ~300 ms
     # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list
     backchannels: list[str] | None = None
     stop_words: list[str] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools(cls, v: Any) -> Any:
+        """One clear message (pydantic's for a union names both of its members)."""
+        if v == "auto":
+            return v
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{v!r} is not a list: tools is auto (the default), a list (e.g. [default] or "
+                             "[mypackage.tools:weather]) or [] for none")  # fmt: skip
+        return tuple(_tool_entry(i, entry) for i, entry in enumerate(v))
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("tools") == "auto" and v not in ("auto", "none"):
+            raise ValueError(f"{v!r} forces a call, so it needs the tools listed (e.g. tools: [default]): tools: auto "
+                             "offers none on an LLM that cannot call tools")  # fmt: skip
+        return v
 
 
 class ObservabilityConfig(_Strict):

@@ -20,6 +20,7 @@ from voice.vad import Vad
 from parley.config import AppConfig
 from parley.locate import resolve
 from parley.thread_budget import ThreadBudget, available_cores
+from parley.tool_offer import NOT_LOADED, ToolSupport, llm_tool_support, offered_entries
 
 log = logging.getLogger(__name__)
 
@@ -60,41 +61,45 @@ class Runtime:
             close()
 
 
-def personas(cfg: AppConfig) -> dict[str, PersonaSpec]:
+def personas(cfg: AppConfig, support: ToolSupport = NOT_LOADED) -> dict[str, PersonaSpec]:
+    """The personas as sessions use them. `support`: whether the LLM can call tools (tool_offer.llm_tool_support),
+    which decides what `tools: auto` offers; not known until the LLM stage is loaded (then auto offers none)."""
     v = cfg.vad
-    return {
-        name: PersonaSpec(
+    specs = {}
+    for name, p in cfg.persona_defs.items():
+        tools, why = persona_tools(name, p, support)
+        specs[name] = PersonaSpec(
             name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
-            tools=persona_tools(name, p), tool_choice=p.tool_choice, tool_filler=p.tool_filler,
+            tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why,
             lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
                 v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words),
         )  # fmt: skip
-        for name, p in cfg.persona_defs.items()
-    }
+        if support is not NOT_LOADED:
+            log.info("persona %s: tools %s (%s)", name, ", ".join(t.spec.name for t in tools) or "none", why)
+    return specs
 
 
-def persona_tools(name: str, p: Any) -> tuple[Any, ...]:
-    """A persona's `tools:` loaded (voice.tool_registry); ConfigError naming the persona and the tool."""
+def persona_tools(name: str, p: Any, support: ToolSupport = NOT_LOADED) -> tuple[tuple[Any, ...], str]:
+    """A persona's tools loaded (voice.tool_registry) and why these (parley.tool_offer); ConfigError naming the
+    persona and the tool."""
     from parley.config import ConfigError, PersonaTool
     from voice.tool_registry import load
 
-    from parley.config import DEFAULT_TOOLS
-
+    entries, why = offered_entries(p, support)
     tools = []
-    entries = [e for entry in p.tools for e in (DEFAULT_TOOLS if entry == "default" else (entry,))]
     for i, entry in enumerate(entries):
-        t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
         try:
+            t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
             tools.append(load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:  # (pydantic's ValidationError is a ValueError)
             raise ConfigError(f"persona {name}: tools[{i}]: {exc}") from None
     names = [t.spec.name for t in tools]
     if len(set(names)) != len(names):
         raise ConfigError(f"persona {name}: tools: two tools of one name ({', '.join(names)})")
     if p.tool_choice not in ("auto", "required", "none", *names):
         raise ConfigError(f"persona {name}: tool_choice: {p.tool_choice!r} is none of auto, required, none, {', '.join(names)}")
-    return tuple(tools)
+    return tuple(tools), why
 
 
 def output_sample_rate(cfg: AppConfig) -> int:
@@ -120,6 +125,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         turns=turn_policy(cfg),
         vad_threshold=cfg.vad.threshold,
         partial_interval_ms=cfg.asr.partial_interval_ms,
+        partial_busy_interval_ms=cfg.asr.partial_busy_interval_ms,
         budgets_ms=dict(cfg.budgets_ms),
         # ~3-4 characters a token in English: the history takes at most about half the context, the reply and the
         # system prompt the rest
@@ -234,7 +240,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool
         )
         engine.start()
         llm = LlmBridge(engine)
-        warm_grammar(cfg, engine)
+        warm_grammar(cfg, engine, llm_tool_support(llm))
         cache = engine.cache
         log.info("LLM decode steps: %s; KV cache %s, %d MB", engine.decode_path, str(cache.k.dtype).removeprefix("torch."),
                  cache.nbytes // 2**20)
@@ -298,10 +304,10 @@ def warm(runtime: Runtime) -> None:
                 pass
 
 
-def warm_grammar(cfg: AppConfig, engine: Any) -> None:
-    """A persona with tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
+def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:
+    """A persona offered tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
     off the event loop, so the first tool turn does not pay for it (voice.tool_turn.warm_grammar then finds it)."""
-    if any(p.tools for p in cfg.persona_defs.values()):
+    if any(offered_entries(p, support)[0] for p in cfg.persona_defs.values()):
         from llm_engine import constrain
 
         constrain.warm(engine.tokenizer)

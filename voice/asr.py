@@ -317,11 +317,13 @@ class StreamingTranscriber:
             self._chunks = [np.concatenate(self._chunks)]
         return self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
 
-    def partial_due(self) -> bool:
+    def partial_due(self, interval_ms: int | None = None) -> bool:
+        """Whether `interval_ms` (default `partial_interval_ms`) of new audio came since the last partial decode."""
         if not self._partials:
             return False
         new_ms = 1000.0 * (self._samples - self._decoded_samples) / SAMPLE_RATE
-        return self.audio_ms >= self.min_partial_audio_ms and new_ms >= self.partial_interval_ms
+        due_ms = self.partial_interval_ms if interval_ms is None else interval_ms
+        return self.audio_ms >= self.min_partial_audio_ms and new_ms >= due_ms
 
     async def partial(self) -> str | None:
         if not self.partial_due() or self._lock.locked():

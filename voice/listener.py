@@ -69,6 +69,7 @@ class Utterance:
     warm_task: asyncio.Task[Any] | None = None  # a prefill of the latest partial's prompt, while the user speaks
     warmed_text: str = ""  # the partial text last prefilled
     warm_tokens: int = 0  # tokens those prefills computed
+    shedding: bool = False  # a due partial is being held back: the machine cannot spare it now
     queue_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms its jobs for this turn waited for a worker
     own_from: int = 0  # where this turn's own audio starts: before it, the request it may continue
 
@@ -161,6 +162,8 @@ class Listener:
         partial_interval_ms: int,
         min_speech_ms: float,
         runner: StageRunner | None = None,
+        partial_busy_interval_ms: int = 0,
+        busy: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.runner: StageRunner = runner or DirectRunner()
         self.session_id = session_id
@@ -169,6 +172,8 @@ class Listener:
         self.llm = llm
         self.turn_model = turn_model
         self.partial_interval_ms = partial_interval_ms
+        self.partial_busy_interval_ms = partial_busy_interval_ms  # 0: partials are never held back
+        self.busy = busy  # why the machine cannot spare optional work now, or None (voice.first_phrase)
         self.min_speech_ms = min_speech_ms
         self.utt: Utterance | None = None  # the user turn being heard, if any
         self._queue: asyncio.Queue[tuple[np.ndarray, int]] = asyncio.Queue(AUDIO_QUEUE_ITEMS)
@@ -246,7 +251,20 @@ class Listener:
             self._preroll.append(samples)
             return False
         utt.feed(samples)
-        return not utt.paused and (utt.partial_task is None or utt.partial_task.done()) and utt.stt.partial_due()
+        if utt.paused or not (utt.partial_task is None or utt.partial_task.done()) or not utt.stt.partial_due():
+            return False
+        return self._spare_partial(utt)
+
+    def _spare_partial(self, utt: Utterance) -> bool:
+        """A partial is optional work (the final is what the user waits for): while the machine cannot spare it,
+        one runs only every `partial_busy_interval_ms` of new audio; the trace counts the ones held back."""
+        if not self.partial_busy_interval_ms or utt.stt.partial_due(self.partial_busy_interval_ms) or self.busy() is None:
+            utt.shedding = False
+            return True
+        if not utt.shedding:
+            utt.shedding = True
+            utt.trace.info["partials_shed"] = int(utt.trace.info.get("partials_shed", 0)) + 1
+        return False
 
     def close(self, utt: Utterance) -> None:
         """The turn is no longer being heard (ended or dropped): new audio goes to the pre-roll."""

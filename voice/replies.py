@@ -196,6 +196,7 @@ class Replies:
             trace.info.update(s.preempt.trace_info(a.turn_id, trace.marks_ns["endpoint"], held))
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             if specs:  # the reply may call a tool (voice.tool_turn); a phrase made ahead (no grammar) is continued
+                trace.info["tools_offered"] = [t.name for t in specs]
                 await warm_grammar(s.stages.llm)
                 deltas = tool_reply(lambda m, c, ask, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
                                                                               c, CALL_TOKENS if ask.choice not in ("auto", "none") else 0, ask),

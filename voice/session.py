@@ -81,6 +81,7 @@ class Session:
         self.outbox = outbox or Outbox()
         self.on_trace = on_trace
         self.persona_name, self.voice_override = self._check(persona, voice)
+        self._log_tools()
         self.instructions: str | None = None  # replaces the persona's system prompt (the Realtime API's)
         self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
         self.speak = True  # replies are spoken; else text only
@@ -91,7 +92,8 @@ class Session:
         self.listener = Listener(
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
-            runner=stages.runner,
+            runner=stages.runner, partial_busy_interval_ms=settings.partial_busy_interval_ms,
+            busy=lambda: self.preempt.busy(),
         )  # fmt: skip
         self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
         self.listener.echo = self.echo
@@ -132,6 +134,12 @@ class Session:
             raise InputError("unknown_voice", f"unknown voice {voice!r} (known: {', '.join(self.stages.voices)})")
         return name, voice
 
+    def _log_tools(self) -> None:
+        """Once a session (and on a persona switch): the tools its replies are offered and why (parley.tool_offer)."""
+        p = self.persona
+        log.info("session %s: persona %s offers tools: %s (%s)", self.session_id, p.name,
+                 ", ".join(t.spec.name for t in p.tools) or "none", p.tools_why or "as given")  # fmt: skip
+
     def update(self, persona: str | None = None, voice: str | None = None) -> None:
         """Switch persona and/or voice; takes effect from the next reply. A new persona drops a voice override
         and greets in its own voice, ending a reply still speaking first (as a barge-in would)."""
@@ -144,6 +152,7 @@ class Session:
         self.persona_name, self.voice_override = name, checked_voice
         if switched:
             self.turns.retune(self._spoken_in(self.settings.turns), self.settings.vad_threshold)
+            self._log_tools()
         if switched and self.settings.warm_prompt:
             self.rewarm()
         if switched and self.persona.greeting and self.settings.greet:

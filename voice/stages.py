@@ -31,6 +31,7 @@ class PersonaSpec:
     tools: tuple[Tool, ...] = ()  # server-side tools its replies may call (voice.tool_turn)
     tool_choice: str = "auto"  # auto | required | none | a tool's name (that tool, every reply)
     tool_filler: str = "One moment."  # said while a tool takes longer than voice.tool_turn.FILLER_AFTER_S
+    tools_why: str = ""  # why these tools (parley.tool_offer): logged once a session
     lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
 
     @property
@@ -43,6 +44,7 @@ class SessionSettings:
     turns: TurnPolicy = field(default_factory=TurnPolicy)
     vad_threshold: float = 0.5
     partial_interval_ms: int = 500
+    partial_busy_interval_ms: int = 0  # while voice.first_phrase's busy() says the machine cannot spare it (0: off)
     budgets_ms: Mapping[str, float] = field(default_factory=dict)
     output_sample_rate: int = 22050
     audio_lead_ms: float = 1000.0

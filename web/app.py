@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,8 +18,10 @@ from starlette.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from voice.stages import SessionSettings, Stages
+from parley import heap
 from parley import runtime as rt
 from parley.config import AppConfig
+from parley.tool_offer import NOT_LOADED, llm_tool_support
 from web.guard import Guard
 from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
 from web.otel.export import Telemetry, llm_facts
@@ -64,7 +67,7 @@ def create_app(
         cfg=cfg,
         metrics=Metrics(cfg.server.trace_log),
         settings=settings or rt.session_settings(cfg),
-        personas=rt.personas(cfg),
+        personas=rt.personas(cfg, llm_tool_support(runtime.stages.llm) if runtime is not None else NOT_LOADED),
         runtime=runtime,
         telemetry=Telemetry(cfg.observability, llm_facts(cfg)),
     )
@@ -76,6 +79,7 @@ def create_app(
         if state.runtime is None:
             state.runtime = await asyncio.to_thread(load or rt.load_and_warm, cfg)
             _check_stages(state.settings, state.runtime.stages)
+            state.personas = rt.personas(cfg, llm_tool_support(state.runtime.stages.llm))  # what tools: auto offers
         try:
             yield
         finally:
@@ -126,7 +130,8 @@ def create_app(
             "default": cfg.default_persona,
             "personas": [
                 {"name": p.name, "display_name": p.display_name, "voice": p.voice, "speaking_rate": p.speaking_rate,
-                 "greeting": p.greeting, "max_reply_tokens": p.max_reply_tokens}
+                 "greeting": p.greeting, "max_reply_tokens": p.max_reply_tokens,
+                 "tools": [t.spec.name for t in state.personas[p.name].tools], "tools_why": state.personas[p.name].tools_why}
                 for p in cfg.persona_defs.values()
             ],  # fmt: skip
             "voices": [{"name": n, "backend": v.backend, "description": v.description} for n, v in cfg.voices.items()],
@@ -147,6 +152,8 @@ def create_app(
             counters = stage_counters(state.runtime.stages.llm)
             counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        counters.update(heap.pauses().counters())
+        gauges["parley_gc_frozen_objects"] = gc.get_freeze_count()
         queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 

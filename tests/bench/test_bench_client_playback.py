@@ -1,5 +1,6 @@
-"""bench.client_playback --tiny as a subprocess (its own real server, headless Chromium, the desktop client on a
-fake sound card): every reply's own playback start is measured in both clients and reaches the server's traces.
+"""bench.client_playback --tiny as a subprocess (the bench tests' shared real server, headless Chromium, the desktop
+client on a fake sound card): every reply's own playback start is measured in both clients and reaches the server's
+traces.
 Shapes and counts only: the numbers themselves are the benchmark's to print."""
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from bench.parley_process import ParleyProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def test_client_playback_tiny(tmp_path: Path) -> None:
+def test_client_playback_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
+    """Against the bench tests' shared server (the shipped config, as the script would start)."""
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium")
     pytest.importorskip("playwright.sync_api")
     out = tmp_path / "client_playback.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "bench.client_playback", "--tiny", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "bench.client_playback", "--tiny", "--server", real_server.url, "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "median ms" in proc.stdout and "underruns" in proc.stdout
     result = json.loads(out.read_text())

@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 
 from bench.narrowband import phone_line
+from bench.parley_process import ParleyProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tiny(name: str, out: Path) -> subprocess.CompletedProcess[str]:
+def tiny(name: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m bench.<name> --tiny` as a subprocess; it must succeed."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--tiny", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--tiny", "--out", str(out), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -100,9 +101,10 @@ async def test_the_relay_and_the_proxy_carry_traffic_through_the_link() -> None:
 
 
 @pytest.mark.slow
-def test_network_tiny(tmp_path: Path) -> None:
+def test_network_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
+    """Against the bench tests' shared server (the shipped config, as the script would start)."""
     out = tmp_path / "network.json"
-    proc = tiny("network", out)
+    proc = tiny("network", out, "--server", real_server.url)
     rows = json.loads(out.read_text())["rows"]
     assert [(r["transport"], r["loss_pct"]) for r in rows] == [("websocket", 0), ("webrtc", 0), ("websocket", 5), ("webrtc", 5)]
     for r in rows:

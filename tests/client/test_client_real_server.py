@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,9 +73,11 @@ async def test_spoken_turn_and_latency_table(server: ParleyProcess, question: tu
     await wait_for(client.ready.is_set, 20, "session.ready")
     await heard_greeting(client)
     before = len(audio.played())
+    said_s = time.monotonic()
     audio.say(*question)
     await wait_for(lambda: bool(of(client, "turn.trace", turn_id=2)), 90, "trace of the spoken turn")
     await wait_for(lambda: not client.jitter.playing() and client.jitter.status(2) is not None, 30, "reply played")
+    waited_ms = 1000.0 * (time.monotonic() - said_s)  # the question spoken, answered and its reply played out
     await asyncio.sleep(0.4)  # the final playback.mark
     client.stop()
     assert await asyncio.wait_for(runner, 10) == 0
@@ -91,8 +94,10 @@ async def test_spoken_turn_and_latency_table(server: ParleyProcess, question: tu
     assert "playback_start" in trace["marks_ms"]  # our playback.mark reached the server's trace
     row = client.latency.get(2)
     assert row is not None and row.stages_ms["voice_to_voice"] == trace["stages_ms"]["voice_to_voice"]
-    # mic-to-ear covers the server's endpointing wait at least, and a voice turn is not slower than 30 s here
-    assert row.mic_to_ear_ms is not None and trace["stages_ms"]["endpointing"] < row.mic_to_ear_ms < 30000
+    # mic-to-ear covers the server's endpointing wait at least, and lies inside what this test waited since speaking
+    # (which also holds the question's speech and the reply's playback), whatever this machine's speed
+    assert row.mic_to_ear_ms is not None and trace["stages_ms"]["endpointing"] < row.mic_to_ear_ms < waited_ms, (
+        row.mic_to_ear_ms, waited_ms)  # fmt: skip
     out = capsys.readouterr().out
     table = out[out.rindex("latency per turn (ms)"):]
     assert f"{trace['stages_ms']['voice_to_voice']:.0f}" in table and f"{row.mic_to_ear_ms:.0f}" in table

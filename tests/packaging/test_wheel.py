@@ -80,3 +80,18 @@ def test_the_installed_parley_reads_the_configs_inside_the_wheel(installed: Path
     path, persona = out.split()
     assert Path(path).is_file() and str(ROOT) not in path and Path(path).parent.name == "configs"
     assert Path(path).parent.parent.name == "parley" and persona
+    # the command itself: a bad override's error names the file it read
+    bad = subprocess.run([str(installed / "parley"), "--set", "server.port=eighty", "models"], cwd=installed.parent,
+                         env=_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith(f"parley: config error: {path}: server.port:"), bad.stderr
+
+
+def test_a_checkout_reads_the_top_level_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    """In the checkout (no wheel built), the `parley` command reads configs/ at the repository's top, and no copy
+    inside the package shadows it."""
+    from cli.main import main
+    from parley.config import DEFAULT_CONFIG
+
+    assert DEFAULT_CONFIG == ROOT / "configs" / "default.yaml" and not (ROOT / "parley" / "configs").exists()
+    assert main(["--set", "server.port=eighty", "models"]) == 2
+    assert capsys.readouterr().err.startswith(f"parley: config error: {ROOT / 'configs' / 'default.yaml'}: server.port:")

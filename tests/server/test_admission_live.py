@@ -5,10 +5,11 @@ conversation leaves, a new one is admitted.
 The shared test server runs with admission off (its tests open sessions freely), so this test turns it on for its
 own duration, as shipped except for one number: a newcomer is taken to cost more than the machine's cores
 (`server.sessions_per_core` under one per core). That makes the capacity one conversation under either rule the
-server may go by, the measured count (sessions_per_core x cores, at least one) or the committed-work cost model
-(web/capacity.py: an empty server always takes one; a heavy newcomer does not fit beside anyone), whatever load this
-busy machine measures. The limits that follow the machine's load now (queue waits, recent voice-to-voice) are left
-off: whether they trigger depends on how busy this machine is; their arithmetic is tested in tests/web."""
+server may go by, and the test runs under each: the measured count (sessions_per_core x cores, at least one) and the
+committed-work cost model (web/capacity.py: an empty server always takes one; a heavy newcomer does not fit beside
+anyone), whatever load this busy machine measures. The limits that follow the machine's load now (queue waits, recent
+voice-to-voice) are left off: whether they trigger depends on how busy this machine is; their arithmetic is tested in
+tests/web."""
 from __future__ import annotations
 
 from typing import Any
@@ -39,11 +40,13 @@ async def _talking(live_server) -> Client:  # type: ignore[no-untyped-def]
     return c
 
 
-async def test_a_session_beyond_capacity_is_told_why_and_one_leaving_lets_the_next_in(live_server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("cost_model", [True, False], ids=["cost-model", "count"])
+async def test_a_session_beyond_capacity_is_told_why_and_one_leaving_lets_the_next_in(  # type: ignore[no-untyped-def]
+        live_server, monkeypatch, cost_model: bool) -> None:  # fmt: skip
     state = live_server.state
     cores = state.runtime.threads.cores if state.runtime.threads else 1
-    server = state.cfg.server.model_copy(update={
-        "sessions_per_core": 0.9 / cores, "max_sessions": 4, "admit_max_wait_ms": 0.0, "admit_v2v_ratio": 0.0})  # fmt: skip
+    server = state.cfg.server.model_copy(update={"admit_cost_model": cost_model, "sessions_per_core": 0.9 / cores,
+                                                 "max_sessions": 4, "admit_max_wait_ms": 0.0, "admit_v2v_ratio": 0.0})
     monkeypatch.setattr(state, "cfg", state.cfg.model_copy(update={"server": server}))
     assert (await _health(live_server))["accepting"]  # an empty server takes a session under either rule
 
@@ -56,7 +59,7 @@ async def test_a_session_beyond_capacity_is_told_why_and_one_leaving_lets_the_ne
             err = await refused.wait_for("error")
             assert await refused.wait_closed() == 1013  # try again later
         assert err["code"] == "server_full" and err["fatal"] and not refused.of("session.ready"), err
-        if server.admit_cost_model:  # the committed-work cost model: what is committed, of the cores, in the reason
+        if cost_model:  # the committed-work cost model: what is committed, of the cores, in the reason
             assert 0 < health["committed_cores"] and f"of {cores:g} cores busy" in reason, health
             assert f"of {cores:g} cores busy" in err["message"] and err["retry_after_ms"] >= 1000, err
         else:  # the measured count

@@ -79,6 +79,8 @@ async def test_spoken_question_gets_a_spoken_answer_and_a_complete_trace(live_se
     assert any(t["turn_id"] == turn and t["session_id"] == ready["session_id"] for t in traces)
     assert health["models_loaded"] is True
     assert [p["name"] for p in personas["personas"]] == ["assistant", "concise", "storyteller"]
+    # tools: auto on the embedded model: none offered, and why (parley.tool_offer)
+    assert all(p["tools"] == [] and "does not render tools" in p["tools_why"] for p in personas["personas"])
 
 
 async def test_a_second_session_copies_the_persona_prefix_and_metrics_count_it(live_server) -> None:

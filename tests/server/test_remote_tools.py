@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
+import httpx
 import openai
 import pytest
 import yaml
@@ -139,6 +140,24 @@ async def test_a_voice_session_s_tool_turn_runs_through_the_remote(front: Front)
         trace = await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60)
     assert trace["tools"][0]["name"] == "current_time" and trace["tools"][0]["ok"] is True, trace.get("tools")
     assert done["text"].strip() and "<tool_call>" not in done["text"] and not c.of("error")
+
+
+async def test_a_persona_without_a_tools_list_is_offered_the_default_tools_by_a_remote_llm(front: Front) -> None:
+    """`tools: auto` (the shipped personas' default): a remote LLM takes tools natively, so the concise persona, which
+    lists none, is offered the shipped ones; its turn's request carries them (the trace's tools_offered)."""
+    async with httpx.AsyncClient(base_url=front.http, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        personas = {p["name"]: p for p in (await http.get("/api/personas")).json()["personas"]}
+    assert personas["concise"]["tools"] == ["current_time", "calculate", "set_timer"]
+    assert personas["concise"]["tools_why"].startswith("tools: auto, and the LLM is remote (http://127.0.0.1:")
+    assert personas["assistant"]["tools_why"] == "listed in the persona's tools:"
+    async with Client(front.http.replace("http", "ws") + f"/ws?token={TOKEN}") as c:
+        await c.start(persona="concise")
+        await c.wait_for("response.done")  # the greeting
+        await c.send(type="input.text", text="What is two plus two?")
+        done = await c.wait_for("response.done", n=2, timeout_s=180)
+        trace = await c.wait_for("turn.trace", turn_id=done["turn_id"], timeout_s=60)
+    assert trace["tools_offered"] == ["current_time", "calculate", "set_timer"] and not c.of("error")
+    assert "<tool_call>" not in done["text"]
 
 
 async def test_a_realtime_function_call_round_trip_through_the_remote(front: Front) -> None:

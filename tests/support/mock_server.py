@@ -111,9 +111,10 @@ class _Session:
                                  "stages_ms": CANNED_STAGES, "budgets_ms": BUDGETS, "over_budget": over,
                                  **({"turn": CANNED_TURN} if heard == "voice" else {})})  # fmt: skip
         except asyncio.CancelledError:
-            await self.send({"type": "response.audio.clear", "turn_id": turn_id})
-            await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": True,
-                             "spoken_text": " ".join(text.split()[: max(1, sent // 5)])})  # fmt: skip
+            with contextlib.suppress(WebSocketDisconnect):  # cancelled because the client left: nobody to tell
+                await self.send({"type": "response.audio.clear", "turn_id": turn_id})
+                await self.send({"type": "response.done", "turn_id": turn_id, "text": text, "interrupted": True,
+                                 "spoken_text": " ".join(text.split()[: max(1, sent // 5)])})  # fmt: skip
             raise
 
     def start_reply(self, text: str, heard: str | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 
 import pytest
@@ -71,12 +72,16 @@ def boom() -> str:
     raise ConnectionError("the weather service is down")
 
 
-async def test_a_call_runs_and_its_result_comes_back_for_the_spoken_answer() -> None:
+async def test_a_call_runs_and_its_result_comes_back_for_the_spoken_answer(caplog) -> None:
     engine = ScriptedEngine(script=[call("current_time"), "It is late.".split()])
-    async with Harness(engine=engine, personas=persona(tool_from(current_time))) as h:
-        h.session.text_input("what time is it")
-        done = await h.wait_for("response.done")
-        trace = await h.wait_for("turn.trace")
+    with caplog.at_level(logging.INFO, logger="voice.session"):
+        async with Harness(engine=engine, personas=persona(tool_from(current_time))) as h:
+            h.session.text_input("what time is it")
+            done = await h.wait_for("response.done")
+            trace = await h.wait_for("turn.trace")
+    offers = [r.getMessage() for r in caplog.records if "offers tools" in r.getMessage()]
+    assert offers == [f"session {h.session.session_id}: persona assistant offers tools: current_time (as given)"]  # once
+    assert trace["tools_offered"] == ["current_time"]
     assert done["text"] == "It is late." and not done["interrupted"]  # the call itself is never spoken
     assert len(engine.requests) == 2
     first, second = engine.requests
@@ -174,9 +179,10 @@ def test_persona_tools_from_the_config() -> None:
     def persona_of(**more: object) -> Persona:
         return Persona(name="p", display_name="P", system_prompt="Hi.", voice="joe", **more)  # type: ignore[arg-type]
 
-    assert persona_tools("p", persona_of()) == ()  # off unless listed
-    tools = persona_tools("p", persona_of(tools=("default", {"function": "test_tool_turn:boom", "timeout_s": 2,
-                                                           "cancellable": False}), tool_choice="boom"))  # fmt: skip
+    assert persona_tools("p", persona_of())[0] == ()  # tools: auto, before the LLM is known: none (parley.tool_offer)
+    tools, why = persona_tools("p", persona_of(tools=("default", {"function": "test_tool_turn:boom", "timeout_s": 2,
+                                                                "cancellable": False}), tool_choice="boom"))  # fmt: skip
+    assert why == "listed in the persona's tools:"
     assert [t.spec.name for t in tools] == ["current_time", "calculate", "set_timer", "boom"]
     assert tools[-1].timeout_s == 2 and not tools[-1].cancellable and "seconds" in tools[2].spec.parameters
     for bad, says in (({"tools": ("voice.builtin_tools:nothing",)}, "tools\\[0\\]"),
@@ -184,6 +190,29 @@ def test_persona_tools_from_the_config() -> None:
                       ({"tools": ("default",), "tool_choice": "weather"}, "tool_choice")):  # fmt: skip
         with pytest.raises(ConfigError, match=says):
             persona_tools("p", persona_of(**bad))
+
+
+def test_a_persona_s_tools_key_is_checked_with_a_clear_error(tmp_path) -> None:
+    """tools: auto (the default) | a list | []; anything else, or a forced tool_choice under auto, stops the load."""
+    from parley.config import DEFAULT_CONFIG, ConfigError, load_config, load_persona
+
+    voices = load_config(DEFAULT_CONFIG).voices
+    file = tmp_path / "p.yaml"
+    base = "display_name: P\nsystem_prompt: Hi.\nvoice: joe\n"
+    for more, tools in (("", "auto"), ("tools: auto\n", "auto"), ("tools: []\n", ()), ("tools: [default]\n", ("default",))):
+        file.write_text(base + more)
+        assert load_persona(file, voices).tools == tools
+    for more, says in (("tools: default\n", r"p.yaml: tools: .*'default' is not a list: tools is auto \(the default\), a list"),
+                       ("tools: 3\n", "p.yaml: tools: .*3 is not a list"),
+                       ("tools: [default, time]\n", r"tools\[1\]: 'time' is neither default nor module:function"),
+                       ("tools: [{function: a:b, timeout: 3}]\n", r"tools\[0\].timeout: unknown key"),
+                       ("tool_choice: required\n", "p.yaml: tool_choice: .*'required' forces a call, so it needs the tools listed"),
+                       ("tools: auto\ntool_choice: current_time\n", "tool_choice: .*needs the tools listed")):  # fmt: skip
+        file.write_text(base + more)
+        with pytest.raises(ConfigError, match=says):
+            load_persona(file, voices)
+    file.write_text(base + "tools: [default]\ntool_choice: required\n")  # forcing a listed tool is fine
+    assert load_persona(file, voices).tool_choice == "required"
 
 
 @pytest.mark.parametrize("choice", ["current_time", "auto"])

@@ -1,6 +1,6 @@
-"""`parley stages --only llm` loads the LLM and nothing else: not the VAD, not Smart Turn (voice sessions need those,
-and a stage server runs none). Counted where every model file is found (parley.runtime.resolve) and by the server's
-own account of what it loaded (/healthz load_s), on the real loader."""
+"""`parley stages --only X` loads X and nothing else: not the VAD, not Smart Turn (voice sessions need those, and a
+stage server runs none), not the other stages. Counted where every model file is found (parley.runtime.resolve), where
+a VAD or Smart Turn is built, and by the server's own account of what it loaded (/healthz load_s), on the real loader."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -14,41 +14,52 @@ from bench.parley_process import ParleyProcess
 from cli import main as cli
 from parley import runtime as rt
 from parley.config import load_config
+from voice.smart_turn import SmartTurn
+from voice.vad import SileroVad, WebRtcVad
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def resolved(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The stages whose model files the loader looks up, in order."""
-    stages: list[str] = []
+def loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """What the loader did, in order: each stage whose model file it looked up (parley.runtime.resolve), and each
+    VAD or Smart Turn model it built (by class name, whichever backend the config names)."""
+    seen: list[str] = []
     real = rt.resolve
 
     def counting(stage: str, *args: Any, **kwargs: Any) -> Path:
-        stages.append(stage)
+        seen.append(stage)
         return real(stage, *args, **kwargs)
 
     monkeypatch.setattr(rt, "resolve", counting)
-    yield stages
+    for cls in (SileroVad, WebRtcVad, SmartTurn):
+        def built(self: Any, *args: Any, _init: Any = cls.__init__, _name: str = cls.__name__, **kwargs: Any) -> None:
+            seen.append(_name)
+            _init(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", built)
+    yield seen
 
 
-def test_a_stage_server_for_the_llm_loads_no_vad_and_no_turn_model(resolved: list[str]) -> None:
-    cfg = cli._load(cli._parser().parse_args(["stages", "--only", "llm"]))
+@pytest.mark.parametrize("only", ["llm", "asr", "tts"])
+def test_a_stage_server_for_one_stage_loads_that_stage_alone(loaded: list[str], only: str) -> None:
+    cfg = cli._load(cli._parser().parse_args(["stages", "--only", only]))
     assert cfg.vad.turn_detection == "combined"  # the shipped config: a voice session would load Smart Turn
-    runtime = rt.load(cfg, cfg.server.stages, sessions=False)
+    runtime = rt.load(cfg, cfg.server.stages, sessions=False)  # what `parley stages` loads (cli.serve, stages_only)
     try:
-        assert resolved == ["llm"]
-        assert set(runtime.load_s) == {"llm"} and runtime.stages.turn_model is None
+        assert loaded == [only]  # no VAD, no Smart Turn, no other stage's model
+        assert set(runtime.load_s) == {only} and runtime.stages.turn_model is None
         with pytest.raises(RuntimeError, match="vad is not loaded by this process"):
             runtime.stages.make_vad()
     finally:
         runtime.close()
 
 
-def test_voice_sessions_load_the_vad_and_the_turn_model_beside_the_stages(resolved: list[str]) -> None:
+def test_voice_sessions_load_the_vad_and_the_turn_model_beside_the_stages(loaded: list[str]) -> None:
+    """The spies see the VAD and Smart Turn when they are loaded: the test above would catch them."""
     runtime = rt.load(load_config(None, ["vad.turn_detection=combined"]), ["llm"])
     try:
-        assert sorted(resolved) == ["llm", "turn", "vad"]
+        assert loaded == ["vad", "SileroVad", "llm", "turn", "SmartTurn"]
         assert set(runtime.load_s) == {"llm", "turn", "vad"} and runtime.stages.turn_model is not None
     finally:
         runtime.close()
