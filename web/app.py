@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from voice.stages import SessionSettings, Stages
+from parley import heap
 from parley import runtime as rt
 from parley.config import AppConfig
 from parley.tool_offer import NOT_LOADED, llm_tool_support
@@ -150,6 +152,8 @@ def create_app(
             counters = stage_counters(state.runtime.stages.llm)
             counters.update(busy_counters(state.runtime))
             queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+        counters.update(heap.pauses().counters())
+        gauges["parley_gc_frozen_objects"] = gc.get_freeze_count()
         queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
 

@@ -5,12 +5,16 @@
 // Splitting by head instead left one thread 5 of SmolLM2's 9 heads, re-read each key once per query
 // head of its group, and reduced every dot product through memory: ~5 us per cached position per
 // token (a 1000-token conversation decoded at half the speed of a fresh one).
+//
+// An int8 cache's scores, on AVX-512 VNNI, are integer dot products against the query rounded to int8 parts
+// (attention_int8.h); elsewhere, and for its values, the codes are converted to floats here.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "attention_int8.h"
 #include "vec16.h"
 
 namespace attention {
@@ -54,6 +58,24 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     // beyond its noise, see docs/benchmarks.md's int8 KV section).
     constexpr int B = 4;
     int t = t0;
+#ifdef PARLEY_ATTENTION_VNNI
+    if constexpr (coded && C % 4 == 0 && d <= attention_int8::kMaxHeadDim) {  // integer dots (attention_int8.h)
+        attention_int8::Query qi[G];
+        const attention_int8::Query* qp[G];
+        for (int g = 0; g < G; ++g) {
+            attention_int8::quantize(q + g * d, d, qi[g]);
+            qp[g] = &qi[g];
+        }
+        const int full = std::min(t1, cached);
+        if (t < full) attention_int8::scores<C / 4, G>(qp, keys, sc.k, t, full, scale, n, scores, top);
+        for (t = std::max(t, full); t < t1; ++t)  // the row's own key
+            for (int g = 0; g < G; ++g) {
+                const float s = attention_int8::dot1(qi[g], k_at(t), d) * k_scale(t) * scale;
+                scores[(size_t)g * n + (t - t0)] = s;
+                top[g] = std::max(top[g], s);
+            }
+    }
+#endif
     // (G = 8 would hold 32 accumulators: it keeps one position at a time.)
     for (const int full = G <= 4 ? std::min(t1, cached) : t0; t + B <= full; t += B) {
         V acc[G][B];
@@ -115,6 +137,8 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
         for (int c = 0; c < C; ++c) o[g][c] = zero();
     for (int t = t0; t < t1; ++t) {
         V v[C];
+        if constexpr (coded && C % 4 == 0)  // the codes' lines ahead, as for the keys (attention_int8.h)
+            for (int c = 0; c < C / 4; ++c) prefetch((const char*)(v_at(t) + 64 * c));
         for (int c = 0; c < C; ++c) v[c] = load(v_at(t) + 16 * c);
         for (int g = 0; g < G; ++g) {
             const V p = set1(scores[(size_t)g * n + (t - t0)]);

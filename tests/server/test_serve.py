@@ -28,6 +28,10 @@ async def test_serve_prints_the_url_once_models_are_loaded_and_sigterm_lets_the_
         assert health["models_loaded"] is True and health["sessions"] == 0
         assert health["llm_decode"].startswith("compiled CPU step"), health  # g++ is part of the setup
         assert httpx.get(proc.url + f"/?token={TOKEN}", timeout=10).status_code == 200  # the browser client
+        metrics = httpx.get(proc.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).text
+        frozen = next(line for line in metrics.splitlines() if line.startswith("parley_gc_frozen_objects "))
+        assert float(frozen.split()[1]) > 100_000, frozen  # what loading made is out of later collections
+        assert "parley_gc_full_pause_seconds_total " in metrics
 
         # SIGTERM during a reply
         realtime_url = f"ws://127.0.0.1:{proc.port}/v1/realtime"
