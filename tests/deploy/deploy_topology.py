@@ -76,7 +76,7 @@ class Proc:
 
 
 VLLM_BOOL_FLAGS = {"--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
-                   "--trust-remote-code", "--enforce-eager"}  # fmt: skip
+                   "--trust-remote-code", "--enforce-eager", "--enable-auto-tool-choice"}  # fmt: skip
 
 
 def vllm_args(argv: list[str]) -> tuple[list[str], dict[str, str | None]]:

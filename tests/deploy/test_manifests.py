@@ -174,7 +174,9 @@ def test_ingress_is_websocket_friendly_and_sticky() -> None:
     assert float(notes[prefix + "proxy-send-timeout"]) >= 300 and float(notes[prefix + "proxy-read-timeout"]) >= 300
 
 
-def test_vllm_is_on_a_gpu_with_prefix_caching() -> None:
+def test_vllm_is_on_a_gpu_with_prefix_caching_and_tool_calls() -> None:
+    """Tool calls on: the personas' default `tools: auto` sends tools to a remote LLM, and vLLM refuses a request
+    with tools under tool_choice auto unless started with --enable-auto-tool-choice and a parser."""
     topo = load_k8s()
     (vllm,) = [p for p in topo.procs.values() if p.kind == "vllm"]
     assert "--enable-prefix-caching" in vllm.argv
@@ -184,6 +186,9 @@ def test_vllm_is_on_a_gpu_with_prefix_caching() -> None:
     (cvllm,) = [p for p in compose.procs.values() if p.kind == "vllm"]
     assert "--enable-prefix-caching" in cvllm.argv
     assert compose.raw["services"]["vllm"]["profiles"] == ["gpu"]
+    for proc in (vllm, cvllm):
+        assert "--enable-auto-tool-choice" in proc.argv and vllm_flag(proc.argv, "--tool-call-parser") == "hermes"
+        assert vllm_served_names(proc) == {"parley-llm"}  # the flags did not swallow the served name
 
 
 def test_no_secret_values_in_the_manifests_and_the_secret_is_documented() -> None:

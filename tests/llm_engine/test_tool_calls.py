@@ -1,6 +1,7 @@
-"""Tool calls in the engine: forced calls on random-weight models always parse and match their tool's schema (our
-prompt format on the embedded tokenizer and a tiny Llama 3 GGUF; the template's own `<tool_call>` format on a tiny
-Qwen2.5-style GGUF); streamed deltas reassemble to the whole call; tool_choice is honoured; bad tools are refused."""
+"""Tool calls in the engine: forced calls on random-weight models and on the embedded model always parse and match
+their tool's schema (our prompt format on the embedded tokenizer and a tiny Llama 3 GGUF; the template's own
+`<tool_call>` format on a tiny Qwen2.5-style GGUF); streamed deltas reassemble to the whole call; tool_choice is
+honoured; bad tools are refused."""
 from __future__ import annotations
 
 import itertools
@@ -77,6 +78,12 @@ def test_forced_calls_on_a_random_model_with_the_embedded_tokenizer_always_valid
         forced_calls(engine, 24, seed=1)
     finally:
         engine.stop()
+
+
+@pytest.mark.slow
+def test_forced_calls_on_the_embedded_model_itself_always_validate(smol_engine):
+    """The real SmolLM2-135M weights (trained text, not noise) under the same random tools and schemas."""
+    forced_calls(smol_engine, 12, seed=4)
 
 
 @pytest.fixture(scope="module")
