@@ -238,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="artifacts/bench/network.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--persona", help="persona to talk to (default: the server's; --tiny: concise, short replies)")
-    p.add_argument("--tiny", action="store_true", help="one turn, lossless and 5 % loss, the concise persona")
+    p.add_argument("--tiny", action="store_true", help="one turn over each transport at 5 % loss, the concise persona")
     p.add_argument("--server", help="a running server's URL (default: start `parley serve` on the embedded models)")
     args = p.parse_args(argv)
     if args.tiny:
-        args.turns, args.loss, args.persona = 1, "0,5", args.persona or "concise"
+        args.turns, args.loss, args.persona = 1, "5", args.persona or "concise"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = corpus_prompts(args.turns, voices=("piper",))

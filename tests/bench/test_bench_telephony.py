@@ -106,8 +106,11 @@ def test_network_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     out = tmp_path / "network.json"
     proc = tiny("network", out, "--server", real_server.url)
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["transport"], r["loss_pct"]) for r in rows] == [("websocket", 0), ("webrtc", 0), ("websocket", 5), ("webrtc", 5)]
+    # one conversation per transport through the seeded link at 5 % loss each way (lossless is the same link with
+    # nothing dropped: the seeded-link test above); each answered, its numbers present
+    assert [(r["transport"], r["loss_pct"]) for r in rows] == [("websocket", 5), ("webrtc", 5)]
     for r in rows:
         assert r["turns"] == 1 and r["v2v_p50"] is not None and r["v2v_p50"] > 0 and r["stall_max"] is not None
-    assert rows[0]["packets_lost"].startswith("0/") and not rows[3]["packets_lost"].startswith("0/")
+    # ~5 % of a few hundred segments (sent again after a timeout) and datagrams (gone) were lost
+    assert all(not r["packets_lost"].startswith("0/") for r in rows), [r["packets_lost"] for r in rows]
     assert "Lossy link" in proc.stdout

@@ -1,15 +1,18 @@
-"""Browser-test fixtures: Debian chromium via Playwright with a fake microphone, the mock server.
+"""Browser-test fixtures: Debian chromium via Playwright with a fake microphone, the mock server, and one real
+`parley serve` for both modules that talk to it (test_browser_e2e, test_browser_webrtc; each page has its own session).
 
 Never runs `playwright install`; skips cleanly when /usr/bin/chromium or playwright is missing.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from browser_harness import ARTIFACTS, CHROMIUM, MockProcess, chromium_args, mic_wav, mock_server
+from bench.parley_process import ParleyProcess
+from browser_harness import ARTIFACTS, CHROMIUM, MockProcess, chromium_args, free_port, mic_wav, mock_server
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +73,16 @@ def mock(tmp_path: Path) -> Iterator[MockProcess]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Iterator[ParleyProcess]:
+    """`parley serve` as `make run` starts it, its page's origin allowed (the port is chosen before the start)."""
+    tmp = tmp_path_factory.mktemp("server")
+    port = free_port()
+    origin = f"http://127.0.0.1:{port}"
+    sets = (f"server.trace_log={tmp / 'traces.jsonl'}", f"server.allowed_origins={json.dumps([origin])}")
+    srv = ParleyProcess(tmp / "server.log", sets=sets, port=port)
+    srv.start()
+    yield srv
+    srv.kill()

@@ -8,10 +8,8 @@ server under a connected client is tests/client/test_client_real_server.py's.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from bench import corpus as audio_corpus
 from parley.config import load_config
 from bench.parley_process import ParleyProcess
-from browser_harness import ROOT, free_port, mic_wav, page_stats, wait_page
+from browser_harness import ROOT, mic_wav, page_stats, wait_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -31,21 +29,6 @@ BACKCHANNEL_GAP_MS = 2500.0  # after the "yeah", before the interruption: the re
 STAGES = ["endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"]
 OUT_RATE_FALLBACK = 22050
 measured: dict[str, float] = {}  # mic-to-ear of the first spoken turn, to place the barge-in speech
-
-
-def real_server(tmp: Path) -> ParleyProcess:
-    port = free_port()  # known before the start: the page's origin is allowed by port
-    origin = f"http://127.0.0.1:{port}"
-    sets = (f"server.trace_log={tmp / 'traces.jsonl'}", f"server.allowed_origins={json.dumps([origin])}")
-    return ParleyProcess(tmp / "server.log", sets=sets, port=port)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ParleyProcess]:
-    srv = real_server(tmp_path_factory.mktemp("server"))
-    srv.start()
-    yield srv
-    srv.kill()
 
 
 stats = page_stats

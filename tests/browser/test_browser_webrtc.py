@@ -13,7 +13,6 @@ import pytest
 from bench import corpus as audio_corpus
 from browser_harness import mic_wav, page_stats, wait_page
 from parley.locate import find_embedded
-from test_browser_e2e import server  # noqa: F401  (the real server, a module fixture: one per module)
 from voice.asr import WhisperTranscriber
 from voice.audio import resample
 
