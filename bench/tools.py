@@ -3,7 +3,8 @@ grammar's mask costs per decoded token. `python -m bench.tools [--tiny]`; table 
 
 Requests of its own (time, arithmetic, a timer, and questions that want no tool) go through the engine in process
 with the chat API's tool layer (llm_engine.tool_calls): once with tool_choice auto (the model chooses) and once
-forced (required: the grammar holds from the first token).
+forced (required: the grammar holds from the first token). Then (bench/tools_voice.py) spoken "what time is it?"
+turns to a real server whose persona forces the time tool: voice-to-voice and the tool stage's ms.
 """
 from __future__ import annotations
 
@@ -190,7 +191,11 @@ def main() -> None:
     p.add_argument("--model", help="a .gguf or HF folder (default: the embedded SmolLM2)")
     p.add_argument("--tiny", action="store_true", help="4 requests, 1 speed round (the test's form)")
     p.add_argument("--out", help="write the numbers as JSON here")
+    p.add_argument("--voice-turns", type=int, default=None,
+                   help="spoken time questions to a real server, the time tool forced (default 8; --tiny: 1; 0 skips)")
+    p.add_argument("--server", help="a running server whose persona `clock` forces the time tool (default: start one)")
     args = p.parse_args()
+    voice_turns = args.voice_turns if args.voice_turns is not None else 1 if args.tiny else 8
     from bench.llm_speed import llm_path
 
     path = llm_path(args.model)
@@ -202,10 +207,16 @@ def main() -> None:
         cost = mask_cost(engine, 1 if args.tiny else 5, 16 if args.tiny else 64)
     finally:
         engine.stop()
-    print(format_table(auto, forced, cost, path.name, len(cases)))
+    print(format_table(auto, forced, cost, path.name, len(cases)), flush=True)
+    voice = None
+    if voice_turns:
+        from bench.tools_voice import format_row, voice_tool_turns
+
+        voice = voice_tool_turns(voice_turns, args.server)
+        print(format_row(voice))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"auto": auto, "required": forced, "mask": cost, "requests": len(cases)}, f, indent=1)
+            json.dump({"auto": auto, "required": forced, "mask": cost, "requests": len(cases), "voice": voice}, f, indent=1)
 
 
 if __name__ == "__main__":

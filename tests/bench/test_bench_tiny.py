@@ -257,6 +257,10 @@ def test_tools_tiny(tmp_path: Path) -> None:
     assert forced["valid"] == forced["calls"] and forced["calls"] + forced["cut"] >= 3  # valid by construction
     assert result["mask"]["free_tok_s"] > 0 and result["mask"]["grammar_tok_s"] > 0 and result["mask"]["mask_ms"] > 0
     assert "tool_choice" in proc.stdout and "of a decode step" in proc.stdout
+    voice = result["voice"]  # one spoken "what time is it?" to a real server, the persona forcing the time tool
+    assert voice["turns"] == 1 and voice["tool_turns"] == 1 and not voice["errors"], voice
+    assert voice["v2v_median"] > 0 and voice["tool_ms_median"] >= 0 and voice["replies"][0].strip(), voice
+    assert "Voice-to-voice with a tool call in the turn" in proc.stdout and "does not choose tools" in proc.stdout
 
 
 def test_tools_default_tiny(tmp_path: Path) -> None:
