@@ -6,7 +6,8 @@ concurrent requests (aggregate tokens/s through the threaded Engine, compiled st
 `generate` on the same weights; llama.cpp (llama-cpp-python) on the same GGUF. Our rows keep keys and
 values in float16, as the engine does on CPU by default (llama.cpp's default too; transformers: float32).
 Then decode speed with 40..2000 cached positions, ours with a float32 and a float16 cache, and llama.cpp; then
-(bench/llm_kv.py) float16 vs int8 keys and values at 256 / 2000 / 8000 positions, tokens/s and MB per slot.
+(bench/llm_kv.py) float16 vs int8 keys and values at 256 / 2000 / 8000 positions, tokens/s and MB per slot; then
+decode tok/s free and under a JSON grammar, and the mask's ms per token (bench/tools.py's measurement).
 Columns: time to first token, decode tokens/s, ratio to transformers and to llama.cpp, greedy tokens equal
 to the fp32 row, weight bytes read per decode step, and the % of the copy-bandwidth bound that reaches.
 Then (bench/llm_models.py) a new session's TTFT under a ~300-token persona prompt, cold vs a prefix-cache hit,
@@ -167,6 +168,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="model shapes for the real-size table (bench/model_shapes.py), or all")
     ap.add_argument("--shape-types", default="Q4_1,Q4_K", help="GGUF types for the real-size table")
     ap.add_argument("--gemma3", type=int, default=0, help="alternating runs, ours vs llama.cpp, on the real Gemma 3 270M and the model (0: skip)")
+    ap.add_argument("--grammar-rounds", type=int, default=5, help="alternated runs free / under a JSON grammar (0: skip)")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
@@ -199,6 +201,12 @@ def main() -> None:
     on_own_thread(context_table, args.model, [int(p) for p in args.contexts.split(",")], prompt, not args.skip_llama_cpp,
                   args.context_steps)
     on_own_thread(kv_table, args.model, [int(p) for p in args.kv_contexts.split(",")], args.context_steps)
+    if args.grammar_rounds:
+        from bench.tools import cost_line, grammar_cost
+
+        cost = grammar_cost(args.model, args.grammar_rounds, args.tokens)
+        print(f"\nConstrained decoding (bench/tools.py, a JSON schema; medians of {args.grammar_rounds} alternated runs, "
+              f"{args.tokens} tokens, engine at fp32 defaults):\n{cost_line(cost)}")  # fmt: skip
     if baselines:
         print("\nRatios of decode tokens/s (the same run, the same cores):")
         print(f"{'engine / variant':62s}" + "".join(f"{'vs ' + b:>16s}" for b in baselines))

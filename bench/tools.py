@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -156,9 +157,32 @@ def format_table(auto: dict, forced: dict, cost: dict, model: str, n: int) -> st
         unwanted = f"{r['unwanted']}/{r['no_tool_questions']}" if r["no_tool_questions"] else "-"
         valid = f"{pct(r['valid'], r['calls'])} of {r['calls']}"
         lines.append(f"{name:<12}{r['requests']:>9}{valid:>13}{r['cut']:>19}{pct(r['right_tool'], r['wanted']):>12}{pct(r['right_args'], r['wanted']):>12}{unwanted:>16}")  # fmt: skip
-    lines.append(f"decode tok/s free {cost['free_tok_s']:.1f}, under a grammar {cost['grammar_tok_s']:.1f}; the mask "
-                 f"{cost['mask_ms']:.3f} ms a token = {100 * cost['mask_share']:.1f} % of a decode step ({cost['decode_ms']:.2f} ms)")  # fmt: skip
+    lines.append(cost_line(cost))
     return "\n".join(lines)
+
+
+def cost_line(cost: dict[str, float]) -> str:
+    return (f"decode tok/s free {cost['free_tok_s']:.1f}, under a grammar {cost['grammar_tok_s']:.1f}; the mask "
+            f"{cost['mask_ms']:.3f} ms a token = {100 * cost['mask_share']:.1f} % of a decode step ({cost['decode_ms']:.2f} ms)")  # fmt: skip
+
+
+def open_engine(path: Path) -> Engine:
+    """The engine as this bench runs it (two slots), started, with the grammar library's tables warm."""
+    from llm_engine.threads import on_own_thread
+
+    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=2))
+    warm(engine.tokenizer)
+    engine.start()
+    return engine
+
+
+def grammar_cost(path: Path, rounds: int, tokens: int) -> dict[str, float]:
+    """mask_cost on an engine of its own (bench.llm's grammar row)."""
+    engine = open_engine(path)
+    try:
+        return mask_cost(engine, rounds, tokens)
+    finally:
+        engine.stop()
 
 
 def main() -> None:
@@ -168,13 +192,10 @@ def main() -> None:
     p.add_argument("--out", help="write the numbers as JSON here")
     args = p.parse_args()
     from bench.llm_speed import llm_path
-    from llm_engine.threads import on_own_thread
 
     path = llm_path(args.model)
-    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=2))
-    warm(engine.tokenizer)
+    engine = open_engine(path)
     cases = [CASES[0], CASES[6], CASES[14], CASES[20]] if args.tiny else CASES
-    engine.start()
     try:
         auto = accuracy(engine, cases, "auto", 40 if args.tiny else 80)
         forced = accuracy(engine, cases, "required", 120)

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -330,11 +331,22 @@ class AppConfig(_Strict):
     personas: tuple[str, ...]
     personas_dir: str = "personas"
     default_persona: str
+    tools_time_zone: str = ""  # the time tool's zone when a call names none (IANA, e.g. Europe/Paris); "": the server's
     persona_defs: dict[str, Persona] = Field(default_factory=dict, exclude=True)
     source_file: str = ""
 
     def persona(self, name: str | None) -> Persona:
         return self.persona_defs[name or self.default_persona]
+
+    @field_validator("tools_time_zone")
+    @classmethod
+    def _time_zone(cls, v: str) -> str:
+        if v:
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"unknown time zone {v!r} (an IANA name such as Europe/Paris, or \"\" for the server's own)") from None
+        return v
 
 
 def _first_error(err: ValidationError) -> tuple[str, str]:

@@ -67,7 +67,7 @@ def personas(cfg: AppConfig, support: ToolSupport = NOT_LOADED) -> dict[str, Per
     v = cfg.vad
     specs = {}
     for name, p in cfg.persona_defs.items():
-        tools, why = persona_tools(name, p, support)
+        tools, why = persona_tools(name, p, support, time_zone=cfg.tools_time_zone)
         specs[name] = PersonaSpec(
             name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
@@ -80,10 +80,14 @@ def personas(cfg: AppConfig, support: ToolSupport = NOT_LOADED) -> dict[str, Per
     return specs
 
 
-def persona_tools(name: str, p: Any, support: ToolSupport = NOT_LOADED) -> tuple[tuple[Any, ...], str]:
+def persona_tools(name: str, p: Any, support: ToolSupport = NOT_LOADED, time_zone: str = "") -> tuple[tuple[Any, ...], str]:
     """A persona's tools loaded (voice.tool_registry) and why these (parley.tool_offer); ConfigError naming the
-    persona and the tool."""
+    persona and the tool. `time_zone` (the config's tools_time_zone): the shipped time tool's zone when a call names
+    none."""
+    import dataclasses
+
     from parley.config import ConfigError, PersonaTool
+    from voice import builtin_tools
     from voice.tool_registry import load
 
     entries, why = offered_entries(p, support)
@@ -91,7 +95,10 @@ def persona_tools(name: str, p: Any, support: ToolSupport = NOT_LOADED) -> tuple
     for i, entry in enumerate(entries):
         try:
             t = entry if isinstance(entry, PersonaTool) else PersonaTool(function=entry)
-            tools.append(load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable))
+            tool = load(t.function, timeout_s=t.timeout_s, cancellable=t.cancellable)
+            if tool.fn is builtin_tools.current_time and time_zone:
+                tool = dataclasses.replace(tool, fn=builtin_tools.current_time_in(time_zone))
+            tools.append(tool)
         except (ValueError, TypeError) as exc:  # (pydantic's ValidationError is a ValueError)
             raise ConfigError(f"persona {name}: tools[{i}]: {exc}") from None
     names = [t.spec.name for t in tools]

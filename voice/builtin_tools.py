@@ -4,7 +4,9 @@ their schema (voice.tool_registry); no I/O beyond the clock, nothing that blocks
 from __future__ import annotations
 
 import ast
+import functools
 import operator
+from collections.abc import Callable
 from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -19,10 +21,26 @@ def current_time(time_zone: str = "") -> str:
 
     time_zone: an IANA time zone such as Europe/Paris; empty for the server's own.
     """
+    return _now_text(time_zone, "")
+
+
+def current_time_in(default_zone: str) -> Callable[..., str]:
+    """current_time answering in `default_zone` (the config's tools_time_zone) when the call names none; same name,
+    docstring and signature, so the same schema. An empty default_zone is the server's own zone."""
+
+    @functools.wraps(current_time)
+    def zoned(time_zone: str = "") -> str:
+        return _now_text(time_zone, default_zone)
+
+    return zoned
+
+
+def _now_text(time_zone: str, default_zone: str) -> str:
+    zone = time_zone or default_zone
     try:
-        now = datetime.now(ZoneInfo(time_zone)) if time_zone else datetime.now().astimezone()
+        now = datetime.now(ZoneInfo(zone)) if zone else datetime.now().astimezone()
     except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {time_zone!r}") from None
+        raise ValueError(f"unknown time zone {zone!r}") from None
     return now.strftime("%A %d %B %Y, %H:%M %Z").strip()
 
 

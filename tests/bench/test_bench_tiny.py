@@ -102,7 +102,7 @@ def test_llm_table_tiny() -> None:
     """bench/llm.py with a few tokens and no baselines: every variant's rows (torch eager, compiled step,
     speculative), the batching rows, the persona table (cold vs prefix hit) and the real Gemma 3 270M's row."""
     proc = run_script("llm", "--tokens", "6", "--batch-tokens", "3", "--batches", "1,2", "--contexts", "20,60", "--context-steps", "4",
-                      "--kv-contexts", "20,60",
+                      "--kv-contexts", "20,60", "--grammar-rounds", "1",
                       "--skip-transformers", "--skip-llama-cpp", "--persona-sessions", "1", "--gemma3", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -127,6 +127,9 @@ def test_llm_table_tiny() -> None:
     for label, kernel in (("Gemma 3 270M Q4_K_M", "int8: 46 matrices; int4 "), ("SmolLM2-135M Q4_1 (embedded)", "int4 ")):
         row = next(line for line in lines if line.startswith(label))
         assert float(row[len(label) :].split()[1]) > 0 and kernel in row, row  # ours tok/s (median), its kernels
+    grammar = next(line for line in lines if line.startswith("decode tok/s free"))  # bench.tools' mask cost
+    free, guided = (float(grammar.split()[i].rstrip(",;")) for i in (3, 7))
+    assert free > 0 and guided > 0 and "% of a decode step" in grammar, grammar
     cold = next(line for line in lines if line.startswith("off (cold prefill)")).split()
     hit = next(line for line in lines if line.startswith("on (copied from an idle slot)")).split()
     assert int(cold[-1]) == 0 and int(hit[-1]) > 150  # the persona prompt copied, not computed
