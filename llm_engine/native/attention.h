@@ -59,7 +59,7 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
     constexpr int B = 4;
     int t = t0;
 #ifdef PARLEY_ATTENTION_VNNI
-    if constexpr (coded && C % 4 == 0 && d <= attention_int8::kMaxHeadDim) {  // integer dots (attention_int8.h)
+    if constexpr (coded && attention_int8::takes(d)) {  // integer dots (attention_int8.h)
         attention_int8::Query qi[G];
         const attention_int8::Query* qp[G];
         for (int g = 0; g < G; ++g) {
@@ -137,8 +137,10 @@ void part(const float* q, const T* keys, const T* values, int cached, const T* k
         for (int c = 0; c < C; ++c) o[g][c] = zero();
     for (int t = t0; t < t1; ++t) {
         V v[C];
-        if constexpr (coded && C % 4 == 0)  // the codes' lines ahead, as for the keys (attention_int8.h)
+#ifdef PARLEY_ATTENTION_VNNI
+        if constexpr (coded && attention_int8::takes(d))  // the codes' lines ahead, as for the keys (attention_int8.h)
             for (int c = 0; c < C / 4; ++c) prefetch((const char*)(v_at(t) + 64 * c));
+#endif
         for (int c = 0; c < C; ++c) v[c] = load(v_at(t) + 16 * c);
         for (int g = 0; g < G; ++g) {
             const V p = set1(scores[(size_t)g * n + (t - t0)]);

@@ -274,6 +274,30 @@ def _closed_by_server(s: socket.socket, within_s: float) -> bool:
         return False
 
 
+def _asked(port: int) -> socket.socket:
+    """A new connection with a whole GET /healthz sent on it (one dropped already says so to _answered)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return s
+
+
+def _answered(s: socket.socket) -> bool:
+    """True when a response to the request sent on `s` comes back, False when the server closes it first."""
+    try:
+        head = b""
+        while b"\r\n" not in head:
+            chunk = s.recv(65536)
+            if not chunk:
+                return False
+            head += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+    return head.startswith(b"HTTP/1.1 ")
+
+
 async def test_slow_headers_are_cut_off_and_connections_are_capped(server: ServerProcess) -> None:
     slow = [_raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n") for _ in range(40)]  # never finished
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
@@ -281,9 +305,13 @@ async def test_slow_headers_are_cut_off_and_connections_are_capped(server: Serve
     assert all(await asyncio.gather(*(asyncio.to_thread(_closed_by_server, s, 10) for s in slow)))
     huge = _raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 200_000 + b"\r\n\r\n")
     assert await asyncio.to_thread(_closed_by_server, huge, 10)
-    many = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(LIMITS["max_connections"] + 20)]
-    refused = sum(await asyncio.gather(*(asyncio.to_thread(_closed_by_server, s, 0.5) for s in many)))
-    assert refused >= 20
+    many = [_asked(server.port) for _ in range(LIMITS["max_connections"] + 20)]
+    # each asks for /healthz: one within the cap is answered, one past it was dropped at once and gets no word (told
+    # apart by what each received, not by how soon: a kept one is also closed, 1 s on, by the header timeout)
+    answered = await asyncio.gather(*(asyncio.to_thread(_answered, s) for s in many))
+    print(f"\n{len(many)} connections past a cap of {LIMITS['max_connections']}: {answered.count(True)} answered")
+    # 64 and 20 here; a connection of an earlier test the server has not finished yet may still hold a place
+    assert answered.count(False) >= 20 and answered.count(True) >= LIMITS["max_connections"] // 2, answered
     for s in [*slow, huge, *many]:
         s.close()
     log = server.log_path.read_text()
