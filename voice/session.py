@@ -18,8 +18,7 @@ import numpy as np
 from voice.echo import ServerEcho, aec_available
 from voice.first_phrase import FirstPhrases
 from voice.history import History
-from voice.interjection import Heard
-from voice.listener import Listener, Overloaded, Utterance
+from voice.listener import Listener, Overloaded
 from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
@@ -27,22 +26,9 @@ from voice.stages import PersonaSpec, SessionSettings, Stages
 from llm_engine.tool_format import ToolSpec
 from voice.tool_turn import ahead_unfit, with_tools
 from voice.trace import TurnTrace
+from voice.turn_shell import TurnShell
 from voice.turn_policy import TurnPolicy
-from voice.turntaking import (
-    Action,
-    CheckTurn,
-    Correct,
-    DropAhead,
-    DropTurn,
-    EndTurn,
-    Interrupt,
-    Join,
-    OpenTurn,
-    Recognise,
-    Release,
-    StartAhead,
-    TurnTaking,
-)
+from voice.turntaking import Action, TurnTaking
 from voice.turntaking import Reply as ReplyTo
 
 __all__ = ["InputError", "Session", "LlmFailed"]
@@ -99,8 +85,7 @@ class Session:
         self.listener.echo = self.echo
         self.replies = Replies(self)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
-        self._ended: Utterance | None = None  # the voice turn ended last, while a continuation may still join it
-        self._finishing: asyncio.Task[Any] | None = None  # its final transcript, then its reply's start
+        self.shell = TurnShell(self)  # runs what turn-taking asks for (voice.turn_shell)
         self._bg: set[asyncio.Task[Any]] = set()
         self.task_group: asyncio.TaskGroup | None = None  # the session's tasks, while run() runs
         self._early: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
@@ -257,7 +242,7 @@ class Session:
                 if self.listener.feed(frame.samples):
                     utt = self.listener.utt
                     assert utt is not None
-                    utt.partial_task = self.spawn(self._partial, utt)
+                    utt.partial_task = self.spawn(self.shell.partial, utt)
 
     async def close(self) -> None:
         """Stop everything this session started, wait for it, and free its engine slot."""
@@ -279,8 +264,8 @@ class Session:
 
     def reply_done(self, turn_id: int) -> None:
         """A reply ended (voice.replies): the voice turn it answered can no longer be joined by a continuation."""
-        if self._ended is not None and self._ended.turn_id == turn_id:
-            self._ended = None
+        if self.shell.ended is not None and self.shell.ended.turn_id == turn_id:
+            self.shell.ended = None
 
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
@@ -318,128 +303,9 @@ class Session:
             log.warning("session %s: %r", self.session_id, exc)
             self.outbox.send("error", code="stage_failed", message=str(exc), fatal=False)
 
-    # -- running what turn-taking asks ------------------------------------------------------------
-
     def apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
-        """Run what turn-taking asked for (also called by voice.replies as replies end)."""
-        self.preempt.follow(actions)  # the held first phrase: dropped, kept or used (voice.preemption)
-        for a in actions:
-            if isinstance(a, OpenTurn):
-                self._open_turn(a)
-            elif isinstance(a, StartAhead):
-                self._start_ahead(a.turn_id)
-            elif isinstance(a, DropAhead):
-                if (utt := self._hearing(a.turn_id)) is not None:
-                    utt.resume()
-            elif isinstance(a, CheckTurn):
-                self.spawn(self._check_turn, a)
-            elif isinstance(a, Recognise):
-                self.spawn(self._recognise, a)
-            elif isinstance(a, Join):
-                self._join(a)
-            elif isinstance(a, Release):
-                log.info("session %s: speech %d over turn %d's reply was no interruption (%s: %r); it resumes",
-                         self.session_id, a.turn_id, a.reply_turn, a.reason, a.heard)  # fmt: skip
-                self.replies.release(a)
-            elif isinstance(a, EndTurn):
-                self._end_turn(a)
-            elif isinstance(a, DropTurn):
-                self._drop_turn(a)
-            elif isinstance(a, Interrupt):
-                if self.echo is not None:
-                    self.echo.stop()
-                self.replies.interrupt(a.turn_id, a.t_ms)
-            elif isinstance(a, ReplyTo):  # a voice turn's trace is its utterance's; a typed one's comes along
-                utt = self._ended if self._ended is not None and self._ended.turn_id == a.turn_id else None
-                self.spawn(self.replies.start, a, utt.trace if utt is not None else typed, utt)
-            elif isinstance(a, Correct):  # a playback mark that came after its reply was interrupted
-                self.memory.correct(a.turn_id, a.played_ms)
-
-    def _hearing(self, turn_id: int) -> Utterance | None:
-        utt = self.listener.utt
-        return utt if utt is not None and utt.turn_id == turn_id else None
-
-    def _open_turn(self, a: OpenTurn) -> None:
-        trace = self.new_trace(a.turn_id, "voice")
-        trace.mark("speech_start", self.listener.arrival_ns(a.start_ms))
-        ended = self._ended if a.joins is not None and self._ended is not None and self._ended.turn_id == a.joins else None
-        self.listener.open(a.turn_id, trace, a.start_ms, ended)  # with the request it may continue, from its start
-        extra = {"holds": a.holds} if a.holds is not None else {}
-        self.outbox.send("vad.speech_started", turn_id=a.turn_id, t_ms=round(a.start_ms, 1), interjection=a.during_reply, **extra)
-
-    def _join(self, a: Join) -> None:
-        """The speech continues the request of turn `a.joins`: that turn's reply never starts (or was stopped)."""
-        utt = self._hearing(a.turn_id)
-        if utt is not None:
-            utt.trace.info["joins"] = a.joins
-        ended = self._ended
-        if ended is not None and ended.turn_id == a.joins:
-            ended.trace.info["joined_into"] = a.turn_id
-            if self._finishing is not None and not self._finishing.done():
-                self._finishing.cancel()  # its reply never starts: the trace goes to the log as it is
-                self.replies.send_trace(ended.trace)
-            self._ended = None
-        self.outbox.send("turn.joined", turn_id=a.turn_id, joins=a.joins)
-
-    async def _recognise(self, a: Recognise) -> None:
-        """The words of an interjection so far, for turn-taking to judge (voice.interjection)."""
-        utt = self._hearing(a.turn_id)
-        if utt is None:
-            return
-        try:
-            heard = await self.listener.interjection(utt)
-        except (OSError, RuntimeError, ValueError) as exc:  # no words known: it cannot interrupt; the pause decides
-            log.warning("session %s: interjection recognition failed: %r", self.session_id, exc)
-            heard = Heard("", 0.0, 0.0)
-        utt.trace.info.setdefault("interjection", []).append(
-            {"n": a.n, "text": heard.text, "logprob": round(heard.avg_logprob, 2), "ms": round(heard.audio_ms, 1)})
-        self.apply(self.turns.interjection_heard(a.turn_id, a.n, heard, self.replies.recent_words()))
-
-    def _start_ahead(self, turn_id: int) -> None:
-        utt = self._hearing(turn_id)
-        if utt is None:
-            return
-        utt.pause()
-        policy = self.settings.turns
-        if self.settings.audio_check_ahead and policy.uses_audio:
-            self.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms)
-        joins = utt.trace.info.get("joins")
-        utt.ahead = self.spawn(self._ahead, utt, lambda text: self.messages(text, joins))
-
-    async def _ahead(self, utt: Utterance, prompt: Callable[[str], list[tuple[str, str]]]) -> None:
-        """The work ahead of the endpoint (voice.listener), then the reply's first phrase (voice.first_phrase)."""
-        await self.listener.ahead(utt, prompt, self.settings.turns.uses_text)
-        if self.preempt.core.enabled:
-            self.preempt.after_ahead(utt)
-
-    async def _check_turn(self, a: CheckTurn) -> None:
-        utt = self._hearing(a.turn_id)
-        if utt is None:
-            return
-        policy = self.settings.turns
-        audio_prob, text_prob, cost_ms = await self.listener.check(utt, policy.uses_audio, policy.uses_text)
-        self.apply(self.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
-
-    def _end_turn(self, a: EndTurn) -> None:
-        utt = self._hearing(a.turn_id)
-        if utt is None:
-            return
-        self.listener.close(utt)
-        trace = utt.trace
-        # the last voiced sample lies just before speech_end_ms; the message that carried it arrived at:
-        trace.mark("speech_end", self.listener.arrival_ns(a.speech_end_ms - 0.001))
-        trace.mark("endpoint")
-        trace.info["turn"] = {"end": a.reason, "checks": [c.to_dict() for c in a.checks]}
-        self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1))
-        self._ended = utt
-        self._finishing = self.spawn(self._finish_turn, utt)
-
-    def _drop_turn(self, a: DropTurn) -> None:
-        utt = self._hearing(a.turn_id)
-        if utt is not None:
-            self.listener.close(utt)
-            utt.discard()
-        self.outbox.send("vad.speech_ended", turn_id=a.turn_id, t_ms=round(a.speech_end_ms, 1), dropped=True)
+        """Run what turn-taking asked for (voice.turn_shell; also called by voice.replies as replies end)."""
+        self.shell.apply(actions, typed)
 
     def rewarm(self) -> None:
         """warm_prompt for the prompt as it is now, superseding one not finished yet (its queued prefill is
@@ -455,34 +321,3 @@ class Session:
         done = await self.stages.llm.prefill(self.session_id, self.messages())
         if isinstance(done, LlmFinish):  # copied from another session's slot: the next reply's trace says so
             self.replies.warm_shared += done.shared_prefix_tokens
-
-    async def _partial(self, utt: Utterance) -> None:
-        text = await self.listener.partial(utt)
-        if utt is not self.listener.utt:
-            return
-        if text is not None:
-            self.outbox.send("transcript.partial", turn_id=utt.turn_id, text=text)
-        warming = utt.warm_task is not None and not utt.warm_task.done()
-        local = getattr(self.stages.llm, "local_cache", True)  # a remote server caches prefixes on its own
-        if self.settings.warm_partials and local and not utt.paused and not warming and self.preempt.busy() is None:
-            joins = utt.trace.info.get("joins")
-            utt.warm_task = self.spawn(self.listener.warm, utt, lambda words: self.messages(words, joins))
-
-    async def _finish_turn(self, utt: Utterance) -> None:
-        """After the endpoint: the final transcript (from the pause when it ran there), then the reply."""
-        text = await self.listener.final(utt)
-        utt.trace.mark("asr_final", utt.final_ns)
-        utt.trace.info.setdefault("queue_ms", {}).update(utt.queue_ms)
-        self.outbox.send("transcript.final", turn_id=utt.turn_id, text=text)
-        actions = self.turns.heard(utt.turn_id, text)
-        if actions and not self.auto_reply:  # heard, not answered: the history waits for respond()
-            actions = [a for a in actions if not isinstance(a, ReplyTo)]
-            self.apply(self.turns.reply_ended(utt.turn_id, interrupted=False))
-            self.add_user(text)
-        if not any(isinstance(a, ReplyTo) for a in actions):
-            self.preempt.no_reply(utt.turn_id)
-        if not actions:
-            utt.discard()
-            if self._ended is utt:
-                self._ended = None
-        self.apply(actions)
