@@ -61,3 +61,14 @@ async def _run(tool):  # type: ignore[no-untyped-def]
     from voice.tool_registry import ToolBox
 
     return await ToolBox([tool]).run(ToolCall("c1", tool.spec.name, "{}"))
+
+
+def test_the_runtime_s_personas_carry_the_configured_zone(frozen: None) -> None:
+    """parley.runtime.personas (what sessions use) hands the config's zone to every persona's time tool."""
+    from parley.runtime import personas
+    from parley.tool_offer import ToolSupport
+
+    cfg = load_config(DEFAULT_CONFIG, ["tools_time_zone=Asia/Kathmandu"])
+    specs = personas(cfg, ToolSupport(True, "a model that calls tools"))  # tools: auto then offers the shipped ones
+    clocks = [t for spec in specs.values() for t in spec.tools if t.spec.name == "current_time"]
+    assert clocks and all(t.fn() == expected("Asia/Kathmandu") for t in clocks)
