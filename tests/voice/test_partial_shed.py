@@ -16,40 +16,40 @@ def _listener(busy: list[str | None], busy_interval_ms: int) -> Listener:
     )  # fmt: skip
 
 
-def _due_at_ms(listener: Listener, frames: int) -> list[int]:
-    """Feed `frames` frames of speech; -> the audio times (ms) at which a partial was due. A due partial "runs"
-    at once here: the next decode counts new audio from that frame."""
+async def _due_at_ms(listener: Listener, frames: int) -> list[int]:
+    """Feed `frames` frames of speech; -> the audio times (ms) at which a partial was due. Each due partial is
+    decoded there and then (the listener's own partial(), on the fake transcriber), as the session would."""
     utt = listener.utt
     assert utt is not None
     due = []
     for i in range(1, frames + 1):
         if listener.feed(tone(FRAME_MS)):
             due.append(i * FRAME_MS)
-            utt.stt._decoded_samples = utt.stt._samples  # what StreamingTranscriber.partial() does when it decodes
+            await listener.partial(utt)
     return due
 
 
-def test_a_partial_is_due_every_interval_when_the_machine_can_spare_it() -> None:
+async def test_a_partial_is_due_every_interval_when_the_machine_can_spare_it() -> None:
     listener = _listener([None], busy_interval_ms=2000)
     listener.open(1, TurnTrace(1), 0.0)
-    due = _due_at_ms(listener, 100)  # 3.2 s of speech
+    due = await _due_at_ms(listener, 100)  # 3.2 s of speech
     assert due == [512, 1024, 1536, 2048, 2560, 3072]
     assert "partials_shed" not in listener.utt.trace.info  # type: ignore[union-attr]
 
 
-def test_while_busy_partials_come_every_busy_interval_and_each_hold_is_counted() -> None:
+async def test_while_busy_partials_come_every_busy_interval_and_each_hold_is_counted() -> None:
     busy: list[str | None] = ["2 engine requests of other sessions"]
     listener = _listener(busy, busy_interval_ms=2000)
     utt = listener.open(1, TurnTrace(1), 0.0)
-    assert _due_at_ms(listener, 100) == [2016]  # held at 512 (counted once while it waits), run at 2 s of new audio
+    assert await _due_at_ms(listener, 100) == [2016]  # held at 512 (counted once while it waits), run at 2 s of new audio
     assert utt.trace.info["partials_shed"] == 2  # the hold from 512 ms, and the one from 2,528 ms still waiting
     busy[0] = None  # the machine has room again: the held partial runs on the next frame
     assert listener.feed(tone(FRAME_MS))
     assert utt.trace.info["partials_shed"] == 2
 
 
-def test_zero_busy_interval_never_holds_a_partial_back() -> None:
+async def test_zero_busy_interval_never_holds_a_partial_back() -> None:
     listener = _listener(["queued"], busy_interval_ms=0)
     utt = listener.open(1, TurnTrace(1), 0.0)
-    assert _due_at_ms(listener, 100) == [512, 1024, 1536, 2048, 2560, 3072]
+    assert await _due_at_ms(listener, 100) == [512, 1024, 1536, 2048, 2560, 3072]
     assert "partials_shed" not in utt.trace.info
