@@ -38,7 +38,7 @@ REAL = ["Wait, stop.", "No, tell me about Mars instead.", "Hold on, what did you
 VOICES = ["piper", "flite", "espeak"]
 ECHO_DB = -10.0
 MARK_EVERY = 12  # frames: a playback mark every 240 ms while the reply plays, as the browser sends them
-AFTER_S = 3.0  # how long the client keeps listening after the interjection
+AFTER_S = 3.0  # how long the client keeps listening after the interjection (a real one: until its answer is heard out)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Speakerphone:
         t0, said, ends_at = time.perf_counter(), 0, None
         greeted = asyncio.get_running_loop().time() + 3.0
         marked_held = False
-        while ends_at is None or self.frames * 20 < ends_at:
+        while ends_at is None or self.frames * 20 < ends_at or self._awaits_answer():
             if self.held != marked_held and self.story and self.story > 0:  # tell the server where playback paused
                 marked_held = self.held
                 await conn.send_json(PlaybackMark(type="playback.mark", turn_id=self.story,
@@ -189,13 +189,15 @@ class Speakerphone:
             ahead = t0 + self.frames * 0.02 - time.perf_counter()
             if ahead > 0:
                 await asyncio.sleep(ahead)
-            if self.frames > 3000:
+            if ends_at is None and self.frames > 3000:
                 raise TimeoutError("the reply never played long enough (60 s)")
-        if self.case.family == "real":  # wait for the interruption's own answer to begin
-            for _ in range(300):
-                if self._answered() is not None:
-                    break
-                await asyncio.sleep(0.1)
+            if ends_at is not None and self.frames * 20 > ends_at + 30_000:
+                return  # a real interruption whose answer never finished: `answered` stays None
+
+    def _awaits_answer(self) -> bool:
+        """A real interruption's answer has not finished yet: the loudspeaker goes on playing it, and marking its
+        playback, until it has (the server paces a reply by the client's playback, as it does a browser's)."""
+        return self.case.family == "real" and self._answered() is None
 
     async def _read(self, conn: Connection) -> None:
         while True:
@@ -220,7 +222,8 @@ class Speakerphone:
 
     def _answered(self) -> str | None:
         finals = {m["turn_id"]: m["text"] for m in self.msgs if m.get("type") == "transcript.final"}
-        done = [m["turn_id"] for m in self.msgs if m.get("type") == "response.done" and m["turn_id"] in finals]
+        done = [m["turn_id"] for m in self.msgs  # a reply the user heard out, not one stopped by more of the request
+                if m.get("type") == "response.done" and not m.get("interrupted") and m["turn_id"] in finals]
         return finals[done[-1]] if done else None
 
     def _outcome(self) -> Outcome:
