@@ -115,6 +115,7 @@ class Speakerphone:
         self.pos: dict[int, int] = {}  # turn -> samples played
         self.cleared: set[int] = set()
         self.held = False
+        self.held_turn: int | None = None  # the reply whose playback the server held (vad.speech_started's `holds`)
         self.spoken: list[np.ndarray] = []  # what the loudspeaker played, frame by frame (the echo's source)
         self.rate = 22050
         self.story: int | None = None
@@ -152,10 +153,10 @@ class Speakerphone:
         greeted = asyncio.get_running_loop().time() + 3.0
         marked_held = False
         while ends_at is None or self.frames * 20 < ends_at or self._awaits_answer():
-            if self.held != marked_held and self.story and self.story > 0:  # tell the server where playback paused
+            if self.held != marked_held and self.held_turn is not None:  # tell the server where playback paused
                 marked_held = self.held
-                await conn.send_json(PlaybackMark(type="playback.mark", turn_id=self.story,
-                                                  played_ms=self.pos.get(self.story, 0) / 16.0, paused=self.held))
+                await conn.send_json(PlaybackMark(type="playback.mark", turn_id=self.held_turn,
+                                                  played_ms=self.pos.get(self.held_turn, 0) / 16.0, paused=self.held))
             turn = None if self.held else self._playing()
             out = np.zeros(FRAME, np.float32)
             if turn is not None:  # the loudspeaker plays the next 20 ms of the reply
@@ -213,7 +214,7 @@ class Speakerphone:
             if kind == "response.text.delta" and self.story == -1:
                 self.story = msg["turn_id"]
             elif kind == "vad.speech_started" and msg.get("holds") is not None:
-                self.held = True
+                self.held, self.held_turn = True, msg["holds"]
             elif kind == "response.resumed":
                 self.held = False
             elif kind == "response.audio.clear":
