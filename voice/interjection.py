@@ -136,6 +136,13 @@ def _covered(ws: Sequence[str], phrases: frozenset[str]) -> bool:
     return sum(b - a for a, b in _spans(ws, phrases)) == len(ws)
 
 
+def only_stop_words(text: str, lexicon: Lexicon) -> bool:
+    """`text` says nothing but stop words ("No.", "Wait, hold on."): after a barge-in, most often the start of what
+    the user wants ("No, tell me about Mars instead"), not all of it."""
+    ws = words(text)
+    return bool(ws) and _covered(ws, lexicon.stop_words)
+
+
 def echo_share(ws: Sequence[str], recent: Sequence[str]) -> float:
     """The share of `ws` that the reply's recent words hold in the same order (a longest common subsequence):
     echo comes back as the reply's words in the reply's order, mangled here and there by the recogniser."""

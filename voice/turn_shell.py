@@ -148,7 +148,8 @@ class TurnShell:
             return
         policy = self.s.settings.turns
         audio_prob, text_prob, cost_ms = await self.s.listener.check(utt, policy.uses_audio, policy.uses_text)
-        self.apply(self.s.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms))
+        text = utt.final_text if utt.final_ns is not None else None  # the work ahead's transcript, when it has one
+        self.apply(self.s.turns.check_done(a.turn_id, a.check, audio_prob, text_prob, cost_ms, text))
 
     def _end_turn(self, a: EndTurn) -> None:
         utt = self.hearing(a.turn_id)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
-from voice.interjection import Heard, Kind, Verdict, classify
+from voice.interjection import Heard, Kind, Verdict, classify, only_stop_words
 from voice.turn_actions import (
     Action,
     CheckTurn,
@@ -151,7 +151,9 @@ class TurnTaking:
                 out += self._silence_ended(event.t_ms)
         return out + self._tick()
 
-    def check_done(self, turn_id: int, check: int, audio_prob: float | None, text_prob: float | None, cost_ms: float) -> list[Action]:
+    def check_done(self, turn_id: int, check: int, audio_prob: float | None, text_prob: float | None, cost_ms: float,
+                   text: str | None = None) -> list[Action]:
+        """A check's result; `text`: the turn's transcript at the pause, where the work ahead has it."""
         h = self._heard
         if h is None or h.turn_id != turn_id:
             return []  # the turn ended meanwhile (its hangover ran out)
@@ -162,6 +164,8 @@ class TurnTaking:
             return []
         prob = self.policy.complete_prob(audio_prob, text_prob)
         wait = self.policy.wait_ms(prob)
+        if h.barged and text is not None and only_stop_words(text, self.policy.lexicon):
+            wait = self.policy.max_hangover_ms  # "No, ..." after a barge-in: the reply stopped already, let them go on
         h.end_after_ms = wait
         ends = silence >= wait
         h.checks.append(TurnCheck(silence, audio_prob, text_prob, prob, wait, cost_ms, "end" if ends else "wait"))

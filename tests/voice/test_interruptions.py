@@ -133,6 +133,30 @@ def test_a_stop_word_interrupts_as_soon_as_it_is_heard_and_the_speech_is_a_turn(
     assert s.silent_until(StartAhead).turn_id == 2 and len(s.asked) == asked  # a turn now, heard as any other
 
 
+def test_a_barge_in_of_only_stop_words_waits_the_longest_pause_for_the_rest_of_what_was_meant() -> None:
+    s = Replying(max_hangover_ms=1000)
+    s.hearing = "no"
+    s.speak(300)
+    assert len(s.of(Interrupt)) == 1  # "No," stops the reply at once ...
+    s.send(s.core.reply_ended(1, interrupted=True))
+    check = s.silent_until(CheckTurn)
+    assert s.send(s.core.check_done(2, check.check, None, 0.95, 10.0, text="No.")) == []  # ... sure-sounding, yet not ended
+    s.silent(300).speak(900)  # "... tell me about Mars instead."
+    assert s.of(EndTurn) == [] and len(s.of(OpenTurn)) == 1  # the same turn goes on
+    check = s.silent_until(CheckTurn)
+    (end,) = s.send(s.core.check_done(2, check.check, None, 0.95, 10.0, text="No, tell me about Mars instead."))
+    assert end.turn_id == 2 and [c.wait_ms for c in end.checks] == [1000.0, s.core.policy.wait_ms(0.95)]
+    # a bare "Wait, stop." is still a turn: it ends at the longest pause
+    s = Replying(max_hangover_ms=1000)
+    s.hearing = "wait stop"
+    s.speak(400)
+    s.send(s.core.reply_ended(1, interrupted=True))
+    check = s.silent_until(CheckTurn)
+    s.send(s.core.check_done(2, check.check, None, 0.95, 10.0, text="Wait, stop."))
+    end = s.silent_until(EndTurn)
+    assert end.turn_id == 2 and s.at(end) - 400.0 == 1000.0
+
+
 def test_noise_that_goes_on_resumes_the_reply_but_words_that_follow_still_interrupt() -> None:
     s = Replying()
     s.speak(700)  # music: no words
