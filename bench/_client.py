@@ -245,4 +245,5 @@ class ScriptedSession:
         elif kind == "turn.trace":
             turn.trace = {k: v for k, v in msg.items() if k != "type"}
             turn.done = turn.done or "interrupted" in msg.get("marks_ms", {})
-            self._traces.append(int(turn_id))
+            if not msg.get("no_words"):  # speech heard as no words (a breath, a knock) is not the prompt's turn
+                self._traces.append(int(turn_id))

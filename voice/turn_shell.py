@@ -198,6 +198,9 @@ class TurnShell:
         if not any(isinstance(a, ReplyTo) for a in actions):
             self.s.preempt.no_reply(utt.turn_id)
         if not actions:
+            if not text.strip():  # no words (noise, or its own echo, that took the floor): the log still says why
+                utt.trace.info["no_words"] = True
+                self.s.replies.send_trace(utt.trace)
             utt.discard()
             if self.ended is utt:
                 self.ended = None

@@ -92,7 +92,8 @@ class Metrics:
     def record_trace(self, trace: dict[str, Any]) -> None:
         """A finished turn: counters, histograms, recent list, and one JSON line in the trace log."""
         with self._lock:
-            self.turns["interrupted" if "interrupted" in trace["marks_ms"] else "done"] += 1
+            outcome = "interrupted" if "interrupted" in trace["marks_ms"] else "no_words" if trace.get("no_words") else "done"
+            self.turns[outcome] += 1
             for stage, value in trace["stages_ms"].items():
                 if stage in self.stages:
                     self.stages[stage].observe(float(value))
@@ -142,7 +143,7 @@ class Metrics:
 
         with self._lock:
             head("parley_turns_total", "counter", "Finished user turns by outcome.")
-            for outcome in ("done", "interrupted"):
+            for outcome in ("done", "interrupted", "no_words"):  # no_words: a turn heard as no words, not answered
                 lines.append(f'parley_turns_total{{outcome="{outcome}"}} {self.turns[outcome]}')
             head("parley_stage_latency_ms", "histogram", "Per-turn stage latency in milliseconds (docs/protocol.md, Turn trace).")
             for stage, h in self.stages.items():

@@ -24,11 +24,14 @@ def test_render_counts_turns_histograms_sessions_and_errors(tmp_path: Path) -> N
     m.session_closed()
     m.record_trace(trace(1, 40.0))
     m.record_trace(trace(2, 2500.0, interrupted=True))
+    m.record_trace({"turn_id": 3, "session_id": "s", "marks_ms": {"speech_start": 0.0, "endpoint": 300.0}, "stages_ms": {},
+                    "budgets_ms": {}, "over_budget": [], "no_words": True})  # a turn heard as no words: not answered
     m.error("bad_json")
     m.error("bad_json")
     text = m.render({"parley_tts_active": 0})
     assert sample(text, 'parley_turns_total{outcome="done"}') == 1
     assert sample(text, 'parley_turns_total{outcome="interrupted"}') == 1
+    assert sample(text, 'parley_turns_total{outcome="no_words"}') == 1
     assert sample(text, 'parley_stage_latency_ms_bucket{stage="voice_to_voice",le="50"}') == 1
     assert sample(text, 'parley_stage_latency_ms_bucket{stage="voice_to_voice",le="2000"}') == 1
     assert sample(text, 'parley_stage_latency_ms_bucket{stage="voice_to_voice",le="3000"}') == 2
@@ -39,8 +42,8 @@ def test_render_counts_turns_histograms_sessions_and_errors(tmp_path: Path) -> N
     assert sample(text, 'parley_errors_total{code="bad_json"}') == 2
     assert "# TYPE parley_stage_latency_ms histogram" in text and text.endswith("\n")
     lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
-    assert [t["turn_id"] for t in lines] == [1, 2]
-    assert [t["turn_id"] for t in m.traces(1)] == [2]
+    assert [t["turn_id"] for t in lines] == [1, 2, 3]
+    assert [t["turn_id"] for t in m.traces(1)] == [3]
 
 
 def test_an_unwritable_trace_log_does_not_lose_the_trace(tmp_path: Path) -> None:

@@ -206,6 +206,8 @@ async def test_empty_transcript_makes_no_reply() -> None:
         assert h.session.state == "idle"  # decided with the final, in the same step: a reply would be running now
         assert not h.of("response.done") and h.session.history == []
         assert all(r.sampling.max_new_tokens == 0 for r in h.engine.requests)
+        trace = await h.wait_for("turn.trace")  # the log still says why nothing answered
+        assert trace["turn_id"] == final["turn_id"] and trace["no_words"] is True and "endpoint" in trace["marks_ms"]
 
 
 async def test_engine_error_fails_the_reply_not_the_session() -> None:
