@@ -38,6 +38,8 @@ def peak_correlation(mic: np.ndarray, far: np.ndarray) -> tuple[float, int]:
     far_norm = np.sqrt(np.maximum(energy[n:] - energy[: m - n + 1], 1e-20))
     mic_norm = float(np.sqrt(np.sum(mic.astype(np.float64) ** 2)))
     corr = np.abs(cross) / (far_norm * mic_norm + 1e-20)
+    corr[far_norm < MIN_FAR_RMS * np.sqrt(n)] = 0.0  # a silent stretch of the far end echoes nothing (its FFT noise /
+    # its near-zero norm read as correlations of 100 and more, at a delay where nothing played)
     i = int(np.argmax(corr))
     return float(corr[i]), i
 
