@@ -168,7 +168,7 @@ class Speakerphone:
                     await conn.send_json(PlaybackMark(type="playback.mark", turn_id=turn, played_ms=p / 16.0))
             self.spoken.append(out)
             mic = np.zeros(FRAME, np.float32)
-            if self.case.echo_ms is not None and self.story is not None:
+            if self.case.echo_ms is not None:  # a speakerphone hears whatever its loudspeaker plays, the greeting too
                 back = self.frames - int(self.case.echo_ms // 20)
                 if back >= 0:
                     mic += self.spoken[back] * 10 ** (ECHO_DB / 20)

@@ -61,6 +61,12 @@ class Replies:
         reply, task = self.current, self.task
         return reply if reply is not None and reply.turn_id == turn_id and task is not None and not task.done() else None
 
+    def audible(self, turn_id: int) -> Reply | None:
+        """The latest reply, if it is `turn_id`'s and was not stopped: running, or sent whole and still playing on
+        the client (its marks, its pauses for speech over it included, still say where its echo is)."""
+        reply = self.current
+        return reply if reply is not None and reply.turn_id == turn_id and not reply.stopped else None
+
     def check_mark(self, turn_id: int, played_ms: float) -> str | None:
         """Why a playback mark cannot be true (more played than was sent), or None."""
         for known in (self.current, self.s.memory.interrupted):

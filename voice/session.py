@@ -217,8 +217,8 @@ class Session:
         if wrong is not None:
             raise InputError("invalid_message", f"playback.mark: {wrong}")
         self.replies.played(turn_id, played_ms, arrival_ns)
-        echo, playing = self.echo, self.replies.running(turn_id)
-        if echo is not None and playing is not None and not playing.stopped:  # what plays, for the echo canceller
+        echo, playing = self.echo, self.replies.audible(turn_id)
+        if echo is not None and playing is not None:  # what plays, for the echo canceller (a reply sent whole too)
             echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
         self.apply(self.turns.played(turn_id, played_ms, None if paused else self.replies.unplayed_after(turn_id, played_ms)))
 

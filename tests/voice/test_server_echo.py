@@ -119,3 +119,52 @@ def test_a_microphone_that_never_hears_the_reply_passes_the_users_words_untouche
     clean = np.concatenate(out)
     assert np.array_equal(clean[s : s + len(user)], mic[s : s + len(user)])
     assert echo.presence.correlation is not None and echo.presence.correlation < 0.3
+
+
+class MarkLog:
+    """What a session tells its echo canceller about playback (voice.echo.ServerEcho's calls, recorded)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, float]] = []
+
+    def sent(self, turn_id: int, audio: np.ndarray) -> None:
+        pass
+
+    def played(self, turn_id: int, played_ms: float, mic_ms: float) -> None:
+        self.calls.append(("played", turn_id, played_ms))
+
+    def paused(self, turn_id: int, played_ms: float) -> None:
+        self.calls.append(("paused", turn_id, played_ms))
+
+    def stop(self) -> None:
+        self.calls.append(("stop", 0, 0.0))
+
+    def process(self, samples: np.ndarray, t_ms: float) -> np.ndarray:
+        return samples
+
+
+async def test_a_reply_sent_whole_still_tells_the_canceller_where_it_plays_and_pauses() -> None:
+    """A short reply is all sent long before the client has played it: the client's marks, and its pause for speech
+    over the reply, must still move the far end, or the canceller lays the echo where it no longer is (its echo
+    then holds the reply again and again). A stopped reply's late marks do not."""
+    from fakes import Harness
+
+    async with Harness() as h:
+        log = MarkLog()
+        h.session.echo = h.session.listener.echo = log  # type: ignore[assignment]
+        h.session.text_input("hello")
+        done = await h.wait_for("response.done")
+        turn = done["turn_id"]
+        assert h.session.replies.running(turn) is None  # sent whole: its task is over
+        h.session.playback_mark(turn, 240.0, 0)
+        h.session.playback_mark(turn, 300.0, 0, paused=True)
+        h.session.playback_mark(turn, 300.0, 0)
+        assert log.calls == [("played", turn, 240.0), ("paused", turn, 300.0), ("played", turn, 300.0)]
+        h.session.text_input("and again")
+        await h.wait_for("audio", 2)  # the second reply's audio
+        second = h.of("audio")[-1]["turn_id"]
+        h.session.cancel_reply()
+        await h.wait_for("response.done", 2)
+        log.calls.clear()
+        h.session.playback_mark(second, 10.0, 0)  # a mark after its clear: nothing plays any more
+        assert log.calls == []
