@@ -15,9 +15,11 @@ WINDOW = 8000  # samples (0.5 s at 16 kHz) of microphone audio per measurement
 MAX_LAG = 8000  # the echo may come up to 0.5 s after the far end as it was laid (placement lead + room + jitter)
 # A peak this high, twice running at the same delay (within LAG_TOLERANCE), is the far end's echo. Measured on the
 # tests' corpus voices: other speech over a reply peaks at 0.12 (median), 0.5 (p99), never twice at one delay; an echo
-# at -10..-30 dB peaks at 0.8-1.0, in a simulated 300 ms room 0.3-0.55, its delay within 10 ms from window to window.
+# at -10..-30 dB peaks at 0.8-1.0, in a simulated 300 ms room 0.3-0.6, its delay within 15 ms from window to window
+# (the direct path and an early reflection take turns as the strongest: 1459-1690 samples apart in one run).
 MIN_CORRELATION = 0.3
-LAG_TOLERANCE = 160  # samples (10 ms): a room's strongest path moves this much between windows
+LAG_TOLERANCE = 240  # samples (15 ms): a room's strongest path moves this much between windows (at 10 ms, 2 of 16
+# renderings of the tests' room echo were never found)
 HOLD_MS = 60_000.0  # a measurement holds this long (a room, a speakerphone or a headset does not change by the phrase)
 MIN_FAR_RMS = 10 ** (-50 / 20)  # a far end this quiet measures nothing
 SILENT_MIC_RMS = 10 ** (-65 / 20)  # the far end plays and the microphone stays this quiet: it does not hear it
