@@ -16,7 +16,7 @@ MAX_LAG = 8000  # the echo may come up to 0.5 s after the far end as it was laid
 # A peak this high, twice running at the same delay (within LAG_TOLERANCE), is the far end's echo. Measured on the
 # tests' corpus voices: other speech over a reply peaks at 0.12 (median), 0.5 (p99), never twice at one delay; an echo
 # at -10..-30 dB peaks at 0.8-1.0, in a simulated 300 ms room 0.3-0.6, its delay within 15 ms from window to window
-# (the direct path and an early reflection take turns as the strongest: 1459-1690 samples apart in one run).
+# (the direct path and an early reflection take turns as the strongest: lags of 1459 to 1690 samples in one run).
 MIN_CORRELATION = 0.3
 LAG_TOLERANCE = 240  # samples (15 ms): a room's strongest path moves this much between windows (at 10 ms, 2 of 16
 # renderings of the tests' room echo were never found)
