@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from voice.stage_queue import Job, Policy, Priority, StageQueue
+from voice.stage_queue import OPTIONAL, Job, Policy, Priority, StageQueue
 
 T = TypeVar("T")
 
@@ -124,7 +124,10 @@ class StageScheduler:
         self._ids = itertools.count(1)
         self._closed = False
         self.stats = WaitStats()
-        self.busy_s: dict[str, float] = {}  # key (a session) -> worker-seconds its jobs took (admission's cost model)
+        # key (a session) -> worker-seconds of its committed jobs (admission's cost model). Optional ones (partials,
+        # the preemptive phrase: stage_queue.OPTIONAL) are shed while the machine is busy, so they count only in
+        # stage_busy_s; later phrases count: replies stall when they cannot keep pace with playback.
+        self.busy_s: dict[str, float] = {}
         self.stage_busy_s: dict[str, float] = {}  # stage -> worker-seconds in all (/metrics: where the time goes)
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(policy.workers)
@@ -247,7 +250,8 @@ class StageScheduler:
                 with self._cond:
                     for e in entries:
                         self._queue.finish(e.job)
-                        self.busy_s[e.job.key] = self.busy_s.get(e.job.key, 0.0) + share_s
+                        if e.job.priority not in OPTIONAL:
+                            self.busy_s[e.job.key] = self.busy_s.get(e.job.key, 0.0) + share_s
                         self.stage_busy_s[e.job.stage] = self.stage_busy_s.get(e.job.stage, 0.0) + share_s
                     self._note_depth()
                     self._cond.notify_all()

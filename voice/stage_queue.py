@@ -41,6 +41,7 @@ class Priority(IntEnum):
 
 
 BACKGROUND = (Priority.NEXT, Priority.PARTIAL, Priority.AHEAD)  # never on the last free worker
+OPTIONAL = (Priority.PARTIAL, Priority.AHEAD)  # shed while the machine is busy: nobody's committed load (web.capacity)
 
 
 @dataclass(frozen=True)

@@ -131,3 +131,20 @@ async def test_finals_queued_together_run_as_one_batch() -> None:
     finally:
         gate.set()
         sched.close()
+
+
+async def test_optional_work_is_no_sessions_committed_load() -> None:
+    # Partials and the preemptive phrase are shed while the machine is busy: their time counts where time went
+    # (stage_busy_s, /metrics), not in the session's load that admission weighs (busy_s). Later phrases count.
+    sched = StageScheduler(Policy(workers=1, partial_workers=1, background_workers=1))
+    spin = lambda: sum(range(200_000))  # noqa: E731 - a little real work
+    try:
+        await sched.run("asr", Priority.PARTIAL, "s", spin)
+        await sched.run("tts", Priority.AHEAD, "s", spin)
+        assert sched.busy_s.get("s", 0.0) == 0.0
+        assert sched.stage_busy_s["asr"] > 0 and sched.stage_busy_s["tts"] > 0
+        await sched.run("asr", Priority.WAITED, "s", spin)
+        await sched.run("tts", Priority.NEXT, "s", spin)
+        assert 0 < sched.busy_s["s"] < sched.stage_busy_s["asr"] + sched.stage_busy_s["tts"]
+    finally:
+        sched.close()
