@@ -25,6 +25,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+GAP_MS = 100.0  # a stall in a reply's speech that a listener hears as a break
+
+
+def reply_gaps(turns: Iterable[TurnResult]) -> dict[str, float | int]:
+    """Replies whose speech stalled (audio arriving after what had come played out) for GAP_MS or more."""
+    gaps = [t.reply_gap_ms for t in turns if t.error is None]
+    return {"stalled": sum(g >= GAP_MS for g in gaps), "max_ms": max(gaps, default=0.0)}
+
+
 def stage_values(turns: Iterable[TurnResult]) -> dict[str, list[float]]:
     """Every stage's values over the turns that have a trace, plus the client-side voice-to-voice."""
     out: dict[str, list[float]] = {s: [] for s in (*STAGES, CLIENT_V2V)}

@@ -134,16 +134,17 @@ def run_churn(args: argparse.Namespace, pool: list[Prompt]) -> dict[str, Any]:
         "open_max": max(open_sessions.counts), "greetings_synthesised": int(delta.get("parley_greeting_audio_synthesised_total", 0)),
         "greetings_reused": int(delta.get("parley_greeting_audio_reused_total", 0)),
         "busy_s": {stage: round(delta.get(f"parley_{stage}_busy_seconds_total", 0.0), 1) for stage in BUSY},
-        "wall_s": round(got["wall_s"], 1), "summary": summary, "budgets_ms": budgets, "machine": machine(), **res,
+        "reply_gaps": _stats.reply_gaps(turns), "wall_s": round(got["wall_s"], 1), "summary": summary, "budgets_ms": budgets, "machine": machine(), **res,
     }  # fmt: skip
 
 
 def print_churn(r: dict[str, Any], md: bool) -> None:
     f = _stats.fmt_ms
     header = ("rate /s", "arrivals", "refused", "errors", "turns", "v2v med", "v2v p95", "client p95", "open mean/max",
-              "greetings synth/replayed", "llm s", "asr s", "tts s", "turn s", "cpu %", "wall s")
+              "stalled replies (max ms)", "greetings synth/replayed", "llm s", "asr s", "tts s", "turn s", "cpu %", "wall s")
     row = [r["rate_per_s"], r["arrivals"], r["refused"], r["errors"], r["turns"], f(r["v2v_median"]), f(r["v2v_p95"]),
            f(r["client_v2v_p95"]), f"{r['open_mean']:.1f}/{r['open_max']}",
+           f"{r['reply_gaps']['stalled']} ({f(r['reply_gaps']['max_ms'])})",
            f"{r['greetings_synthesised']}/{r['greetings_reused']}", *(r["busy_s"][s] for s in BUSY),
            f(r["cpu_pct_mean"]), r["wall_s"]]  # fmt: skip
     print("\nChurn: users arriving, asking 1-3 questions, leaving (v2v in ms, server side; llm/asr/tts/turn: seconds "

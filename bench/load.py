@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="--churn: the arrivals' and questions' seed (default 1)")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    args.max_sessions = 16
+    args.max_sessions = 32  # the default config's
     if args.server and args.topology != "one":
         p.error("--topology split/both starts its own processes: it cannot use --server")
     if args.topology == "both" and args.scheduling == "both":
@@ -161,15 +161,6 @@ def queue_waits(turns: list[TurnResult]) -> dict[str, dict[str, float | None]]:
     return out
 
 
-GAP_MS = 100.0  # a stall in a reply's speech that a listener hears as a break
-
-
-def reply_gaps(turns: list[TurnResult]) -> dict[str, float | int]:
-    """Replies whose speech stalled (audio arriving after what had come played out) for GAP_MS or more."""
-    gaps = [t.reply_gap_ms for t in turns if t.error is None]
-    return {"stalled": sum(g >= GAP_MS for g in gaps), "max_ms": max(gaps, default=0.0)}
-
-
 def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str, Any], budgets: dict[str, float],
               wall_s: float, refused: int = 0, partials: tuple[int, int] | None = None) -> dict[str, Any]:
     summary = _stats.summarize(turns, budgets)
@@ -181,7 +172,7 @@ def level_row(n: int, turns: list[TurnResult], errors: list[str], res: dict[str,
             "holds": not errors and _stats.holds_budget(v2v),
             "holds_all": not errors and all(_stats.holds_budget(summary[s]) for s in budgets if summary.get(s, {}).get("n")),
             "slowest_stage": _stats.slowest_stage(summary), "wall_s": round(wall_s, 1), "refused": refused,
-            "queue_ms": queue_waits(turns), "reply_gaps": reply_gaps(turns), "partials_run": partials[0] if partials else None,
+            "queue_ms": queue_waits(turns), "reply_gaps": _stats.reply_gaps(turns), "partials_run": partials[0] if partials else None,
             "partials_skipped": partials[1] if partials else None, "preemptive": _preempt.summary(t.trace for t in turns),
             **res}
 
@@ -364,7 +355,7 @@ def print_report(rows: list[dict[str, Any]], budgets: dict[str, float], md: bool
               r["slowest_stage"] or "-", "yes" if r["holds"] else "no"] for r in rows]
     print(f"\nConcurrent sessions (ms; voice_to_voice budget {f(budgets.get('voice_to_voice'))} ms; "
           "'over': turns with any stage over budget; cpu: server, 100 = one core; stalled: replies whose speech "
-          f"stopped {GAP_MS:.0f} ms or more for audio not yet sent)")
+          f"stopped {_stats.GAP_MS:.0f} ms or more for audio not yet sent)")
     print((_stats.markdown if md else _stats.table)(header, table))
     held = [r["sessions"] for r in rows if r["holds"]]
     held_all = [r["sessions"] for r in rows if r["holds_all"]]

@@ -53,7 +53,7 @@ class VadConfig(_Strict):
     turn_check_ms: int = Field(160, ge=0)  # the others: the silence that starts an end-of-turn check
     max_hangover_ms: int = Field(1000, ge=0)  # the longest silence inside one turn
     turn_sure_prob: float = Field(0.8, gt=0.0, lt=1.0)
-    turn_unsure_prob: float = Field(0.3, gt=0.0, lt=1.0)
+    turn_unsure_prob: float = Field(0.5, gt=0.0, lt=1.0)
     turn_audio_weight: float = Field(0.25, ge=0.0)
     # speech under a reply holds it; "words": it stops only for a real interruption (docs/turn-taking.md,
     # Interruptions); "duration": any speech of barge_in_min_speech_ms stops it
@@ -167,7 +167,7 @@ class ModelsConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    max_sessions: int = Field(16, ge=1)
+    max_sessions: int = Field(32, ge=1)  # a bound on memory and connections; the cost model decides before it
     allowed_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
     token: str | None = None
     trace_log: str = "traces.jsonl"
@@ -193,8 +193,9 @@ class ServerConfig(_Strict):
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
-    # admission from committed work (web.capacity): each session's measured load in cores (engine steps,
-    # recognition, synthesis) plus a newcomer's (a heavy session: 1 / sessions_per_core cores) against the cores;
+    # admission from committed work (web.capacity): each session's measured load in cores (engine steps, the
+    # recognition and synthesis users wait on) plus a newcomer's (what the measured sessions cost on average, at
+    # most a heavy session's 1 / sessions_per_core cores) against the cores;
     # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
     admit_cost_model: bool = True
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)

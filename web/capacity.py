@@ -1,6 +1,7 @@
 """Admission from committed work: each session's measured load (its share of the engine's steps, a batched step
-split among the sessions in it, plus the worker time of its recognition and synthesis; a moving average) summed,
-plus what a newcomer is expected to cost, against the cores.
+split among the sessions in it, plus the worker time of its recognition, checks and synthesis; a moving average)
+summed, plus what a newcomer is expected to cost, against the cores. Optional work (partials, the preemptive phrase)
+is not counted: it is shed while the machine is busy (voice.scheduler).
 
 Pure: the caller hands in each session's cumulative busy core-seconds, the process's CPU seconds and the time; no
 clock, no I/O. Busy time is wall time of a job or an engine step, which a shared core stretches (a job waiting for a
@@ -8,7 +9,8 @@ core is not working); the process's own CPU time is what the sessions really use
 is scaled down to it when it is the smaller (never up). A session
 not yet measured counts as a heavy one (`session_cores`, from bench/load.py's measured sessions per core), so a
 burst of arrivals cannot overshoot before anything is known; a measured one counts as what it really costs, so
-listeners and readers leave room that talkers would not.
+listeners and readers leave room that talkers would not. A newcomer is expected to cost what the measured sessions
+here cost on average (never more than a heavy one): among users who mostly listen, a new one is priced as one of them.
 """
 from __future__ import annotations
 
@@ -65,24 +67,31 @@ _PROCESS = "\0process"  # the meter's key for the process's CPU time (no session
 @dataclass(frozen=True)
 class CostModel:
     cores: float  # what committed work may fill
-    session_cores: float  # a new (or not yet measured) session's expected load: a heavy one
+    session_cores: float  # a not yet measured session's load, and a newcomer's at most: a heavy one
     tau_s: float = 10.0  # the meter's averaging time: how fast a finished talker's load fades
 
     def committed(self, loads: Mapping[str, float | None]) -> float:
         return sum(self.session_cores if load is None else load for load in loads.values())
 
+    def newcomer(self, loads: Mapping[str, float | None]) -> float:
+        """What one more session is expected to cost: what the measured sessions here cost on average (users who
+        mostly listen leave room for more of their kind), never more than a heavy one; a heavy one while none is
+        measured."""
+        measured = [load for load in loads.values() if load is not None]
+        return min(self.session_cores, sum(measured) / len(measured)) if measured else self.session_cores
+
     def refusal(self, loads: Mapping[str, float | None]) -> Refusal | None:
         """Why one more session would push committed work past the cores (and when to try again), or None."""
         if not loads:
             return None  # an empty server always takes one
-        committed = self.committed(loads)
-        if committed + self.session_cores <= self.cores + 1e-9:
+        committed, newcomer = self.committed(loads), self.newcomer(loads)
+        if committed + newcomer <= self.cores + 1e-9:
             return None
         # if the excess stopped now, the average would fall below the room a newcomer needs after about:
-        room = max(self.cores - self.session_cores, 1e-3)
+        room = max(self.cores - newcomer, 1e-3)
         retry_s = self.tau_s * math.log(max(committed / room, 1.0 + 1e-3))
         return Refusal(
             f"the {len(loads)} sessions here keep {committed:.2f} of {self.cores:g} cores busy; another "
-            f"(~{self.session_cores:.2f}) would pass what the cores can do",
+            f"(~{newcomer:.2f}) would pass what the cores can do",
             int(min(max(1000.0, 1000.0 * retry_s), 60_000.0)),
         )

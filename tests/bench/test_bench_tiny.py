@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.parley_process import ParleyProcess
-from bench.load import GAP_MS
+from bench._stats import GAP_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

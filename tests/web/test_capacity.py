@@ -95,3 +95,23 @@ def test_wall_time_that_a_shared_core_stretched_is_scaled_down_to_the_cpu_the_pr
     for t in range(40):
         loads = used_more.observe({k: 0.2 * t for k in busy}, float(t), 2.0 * t)
     assert used_more.scale == 1.0 and model.committed(loads) == pytest.approx(1.6, rel=0.02)
+
+
+def test_a_newcomer_is_priced_as_the_sessions_here_never_above_a_heavy_one() -> None:
+    model = CostModel(cores=2.0, session_cores=HEAVY)
+    assert model.newcomer({}) == HEAVY and model.newcomer({"a": None}) == HEAVY  # nothing measured: heavy
+    listeners = {f"u{i}": 0.12 for i in range(15)}  # 1.80 cores: a heavy newcomer (0.25) would not fit, one of them does
+    assert model.newcomer(listeners) == pytest.approx(0.12)
+    assert model.refusal(listeners) is None
+    refusal = model.refusal({**listeners, "u15": 0.12})  # 1.92 + 0.12 > 2
+    assert refusal is not None and "another (~0.12)" in refusal.reason
+    assert model.newcomer({"a": 0.6, "b": 0.4}) == HEAVY  # heavier than heavy: still a heavy one
+
+
+def test_sessions_not_measured_yet_still_count_as_heavy_among_light_ones() -> None:
+    # Priced at the average instead, a burst of arrivals among listeners overshot (bench.load --churn --seed 2:
+    # p95 1.85 s, three replies stalling): until its first 2 s are measured, a newcomer may be a talker.
+    model = CostModel(cores=2.0, session_cores=HEAVY)
+    loads: dict[str, float | None] = {**{f"u{i}": 0.1 for i in range(14)}, "new1": None, "new2": None, "new3": None}
+    assert model.committed(loads) == pytest.approx(1.4 + 3 * HEAVY)  # at the average it would be 1.7: room for more
+    assert model.refusal(loads) is not None
