@@ -1,8 +1,11 @@
-"""load_and_warm runs on a thread of its own that is gone when it returns, and hands its errors back."""
+"""load_and_warm runs on a thread of its own that is gone when it returns, and hands its errors back; warm() runs
+the recogniser on speech."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from parley import runtime as rt
@@ -32,3 +35,28 @@ def test_a_loading_error_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(rt, "load", missing)
     with pytest.raises(ModelNotFound, match="nowhere.gguf"):
         rt.load_and_warm(load_config(None))
+
+
+class _Voice:
+    sample_rate = 22050
+
+    def synthesize(self, text: str, *, rate: float = 1.0, voice: str | None = None):
+        yield np.full(11025, 0.1, dtype=np.float32)  # half a second at 22.05 kHz, in two chunks
+        yield np.full(11025, -0.1, dtype=np.float32)
+
+
+def test_the_recogniser_and_turn_model_are_warmed_on_speech_the_first_voice_said() -> None:
+    heard: list[np.ndarray] = []
+    scored: list[np.ndarray] = []
+    stages = SimpleNamespace(
+        voices={"a": SimpleNamespace(tts=_Voice(), speaker=None)},
+        transcriber=SimpleNamespace(transcribe=heard.append),
+        turn_model=SimpleNamespace(complete_prob=scored.append),
+    )
+    rt.warm(rt.Runtime(stages=stages, engine=None, sessions=False))  # type: ignore[arg-type]
+    assert len(heard) == 1 and abs(len(heard[0]) - 16000) < 50  # the voice's 1 s, at 16 kHz
+    assert heard[0][:8000].mean() > 0.05 and heard[0][-4000:].mean() < -0.05  # its audio, not noise
+    assert scored[0] is heard[0]
+    rt.warm(rt.Runtime(stages=SimpleNamespace(voices={}, transcriber=stages.transcriber, turn_model=None),
+                       engine=None, sessions=False))  # type: ignore[arg-type]
+    assert len(heard[1]) == 16000 and abs(float(heard[1].mean())) < 0.01  # no local voice: a second of noise
