@@ -31,7 +31,7 @@ class TurnPolicy:
     turn_check_ms: float = 160.0
     max_hangover_ms: float = 1000.0
     sure_prob: float = 0.8
-    unsure_prob: float = 0.3
+    unsure_prob: float = 0.5
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
     # Speech under a reply (or right after an endpoint) holds the reply, and what it said decides: "words" stops the
     # reply only for a real interruption (voice.interjection); "duration" for any speech of barge_in_min_speech_ms.
