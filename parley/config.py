@@ -193,9 +193,9 @@ class ServerConfig(_Strict):
     sessions_per_core: float = Field(4.0, ge=0)
     admit_max_wait_ms: float = Field(400.0, ge=0)
     admit_v2v_ratio: float = Field(1.5, ge=0)  # refuse while recent turns' voice-to-voice p95 > this x its budget
-    # admission from committed work (web.capacity): each session's measured load in cores (engine steps, the
-    # recognition and synthesis users wait on) plus a newcomer's (what the measured sessions cost on average, at
-    # most a heavy session's 1 / sessions_per_core cores) against the cores;
+    # admission from committed work (web.capacity): each session's measured load in cores (engine steps,
+    # recognition, checks, synthesis; not the partials and preemptive phrases shed under load) plus a newcomer's
+    # (what the measured sessions cost on average, at most a heavy session's 1 / sessions_per_core) against the cores;
     # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
     admit_cost_model: bool = True
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)

@@ -295,7 +295,7 @@ def warm(runtime: Runtime) -> None:
     """One pass through each stage (first-call allocations, lazy imports, ONNX sessions), the recogniser on speech:
     a sentence synthesised by the first local voice, then recognised and scored by the turn model. Warmed on noise
     instead, its VAD filter found no speech and Whisper itself never ran: the first requests' finals then took
-    ~110 ms instead of ~65 (tiny.en, 2 threads, the 2-core CPU), the first user's turn slower than the rest."""
+    ~110 ms instead of ~65 (tiny.en, 2 threads, the 2-core CPU), and the first user's turn paid for it."""
     stages = runtime.stages
     if runtime.sessions:
         vad = stages.make_vad()
