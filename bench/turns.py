@@ -77,9 +77,11 @@ class Models:
         from voice.asr import WhisperTranscriber
         from voice.vad import SileroVad
         from parley.locate import find_embedded
+        from parley.thread_budget import ThreadBudget, available_cores
 
         self.vad = SileroVad(find_embedded("vad"))
-        self.asr = WhisperTranscriber(find_embedded("asr"))  # every detector recognises its turns ahead
+        # every detector recognises its turns ahead, on the server's threads (so with its transcripts)
+        self.asr = WhisperTranscriber(find_embedded("asr"), cpu_threads=ThreadBudget.for_cores(available_cores()).asr)
         self.system_prompt = system_prompt
         self._memo: dict[tuple[Any, ...], tuple[Any, float]] = {}
 

@@ -175,6 +175,15 @@ def test_voice_asr_batch_tiny() -> None:
     assert float(row[2]) > 0 and float(row[3]) > 0 and row[-1] == "yes", row  # timed, and the same transcripts
 
 
+def test_stage_threads_tiny() -> None:
+    """bench/stage_threads.py --tiny: recognition and synthesis timed with one and with two threads, every column."""
+    proc = run_script("stage_threads", "--tiny")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+    assert [r[0] for r in rows] == ["1", "2", "1", "2"], proc.stdout  # Whisper's table, then Piper's
+    assert all(float(x) > 0 for r in rows for x in r[1:]) and [len(r) for r in rows] == [9, 9, 3, 3], rows
+
+
 def test_remote_ahead_tiny(tmp_path: Path) -> None:
     """bench/remote_ahead.py's smoke form (it starts its own `parley stages`): with the 1-token warm-up the reply
     finds its prompt cached and prefills about one token; without it, the turn's new words."""

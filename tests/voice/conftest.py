@@ -10,9 +10,10 @@ from parley.locate import find_embedded
 
 @pytest.fixture(scope="session")
 def tiny_transcriber():
+    from parley.thread_budget import ThreadBudget, available_cores
     from voice.asr import WhisperTranscriber
 
-    return WhisperTranscriber(find_embedded("asr"))
+    return WhisperTranscriber(find_embedded("asr"), cpu_threads=ThreadBudget.for_cores(available_cores()).asr)  # the server's
 
 
 @pytest.fixture(scope="session")

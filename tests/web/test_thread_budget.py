@@ -4,9 +4,9 @@ from __future__ import annotations
 from parley.thread_budget import ThreadBudget
 
 
-def test_two_cores_keep_a_worker_for_what_users_wait_for_and_two_threads_a_job() -> None:
+def test_two_cores_keep_a_worker_for_what_users_wait_for_one_thread_a_recognition_two_a_synthesis() -> None:
     b = ThreadBudget.for_cores(2)
-    assert (b.engine, b.stage_workers, b.asr, b.tts, b.small) == (2, 3, 2, 2, 1)
+    assert (b.engine, b.stage_workers, b.asr, b.tts, b.small) == (2, 3, 1, 2, 1)
     assert ThreadBudget.for_cores(2, stage_workers=5).stage_workers == 5
 
 
