@@ -59,6 +59,7 @@ class Utterance:
     ahead_start_ns: int | None = None
     final_text: str = ""
     final_ns: int | None = None
+    final_decode_ms: float = 0.0  # the recogniser's own time for the final (asr_ms less waiting and hand-offs)
     final_event: asyncio.Event = field(default_factory=asyncio.Event)
     text_prob: float | None = None  # the prefill's P(the final text is a finished request)
     prefill_start_ns: int | None = None
@@ -140,6 +141,7 @@ class Utterance:
                 prefill_ms = min(ahead_ms, reply_ms)
         return {
             "asr_ms": round(asr_ms, 3),
+            "asr_decode_ms": round(self.final_decode_ms, 3),
             "prefill_ms": round(prefill_ms, 3),
             "saved_ms": round(asr_ms + prefill_ms, 3),
             "prefill_tokens": computed,
@@ -295,6 +297,7 @@ class Listener:
         try:
             transcript = await utt.stt.final()
             utt.final_text, utt.final_ns = transcript.text.strip(), now_ns()
+            utt.final_decode_ms = transcript.decode_ms
             utt.queue_ms["asr"] = transcript.queue_ms
         finally:
             utt.final_event.set()  # also when the decode failed: the finish decodes again
@@ -305,17 +308,25 @@ class Listener:
         if isinstance(result, LlmFinish):
             utt.prefill_done_ns, utt.prefill_result, utt.text_prob = now_ns(), result, result.end_prob
 
-    def score_ahead(self, utt: Utterance, silence_ms: float, check_ms: float) -> None:
+    def score_ahead(self, utt: Utterance, silence_ms: float, check_ms: float, *, after_final: bool = False) -> None:
         """At the pause (`silence_ms` of it heard): start the audio model on the turn as the check will hear it at
         `check_ms` of silence, the pause's quietest 10 ms repeated for the silence still to come (the room's own
-        floor, never a word's tail). It runs beside the final recognition, so at the check the cores go to the
-        reply's first phrase instead; the check takes this score (speech that comes back drops it)."""
+        floor, never a word's tail), so at the check the cores go to the reply's first phrase instead; the check
+        takes this score (speech that comes back drops it). `after_final`: only once the final recognition is done
+        (or failed). A check that waits for the text's probability waits for that final and its prefill anyway, and
+        the recognition, which the reply waits on, then has the cores to itself: beside the audio model a tiny.en
+        final took 77-100 ms against 54-59 alone on two cores (bench/stage_threads.py)."""
         if self.turn_model is None:
             return
         padded = with_silence_to_come(utt.audio(), silence_ms, check_ms)
-        utt.audio_ahead = asyncio.ensure_future(
-            self.runner.run("turn", Priority.WAITED, self.session_id, self.turn_model.complete_prob, padded)
-        )
+        model = self.turn_model
+
+        async def score() -> Any:
+            if after_final:
+                await utt.final_event.wait()
+            return await self.runner.run("turn", Priority.WAITED, self.session_id, model.complete_prob, padded)
+
+        utt.audio_ahead = asyncio.ensure_future(score())
         utt.audio_ahead.add_done_callback(lambda f: f.cancelled() or f.exception())  # a turn with no check: no warning
 
     async def check(self, utt: Utterance, audio: bool, text: bool) -> tuple[float | None, float | None, float]:

@@ -132,7 +132,7 @@ class TurnShell:
         utt.pause()
         policy = self.s.settings.turns
         if self.s.settings.audio_check_ahead and policy.uses_audio:
-            self.s.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms)
+            self.s.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms, after_final=policy.uses_text)
         joins = utt.trace.info.get("joins")
         utt.ahead = self.s.spawn(self._ahead, utt, lambda text: self.s.messages(text, joins))
 

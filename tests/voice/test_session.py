@@ -145,7 +145,7 @@ async def test_savings_count_only_the_prefill_tokens_the_reply_reused() -> None:
 
     utt = Utterance(1, TurnTrace(1), 0.0, stt=None)  # type: ignore[arg-type]
     ms = 1_000_000
-    utt.ahead_start_ns, utt.final_ns = 100 * ms, 400 * ms
+    utt.ahead_start_ns, utt.final_ns, utt.final_decode_ms = 100 * ms, 400 * ms, 240.0  # 10 ms of it waiting
     # the ahead prefill found 10 tokens cached, computed 40 more in 80 ms, ending at 300 ms
     utt.prefill_result = LlmFinish("length", prefill_ms=80.0, prefill_tokens=40, reused_tokens=10, decode_tokens=0,
                                    shared_prefix_tokens=10)  # the 10 cached ones copied from another session's slot
@@ -154,7 +154,7 @@ async def test_savings_count_only_the_prefill_tokens_the_reply_reused() -> None:
     # its own prefill ran 5 tokens in 15 ms (3 ms a token: 75 ms for 25), more than the 50 ms the ahead one took
     reply = LlmFinish("stop", prefill_ms=15.0, prefill_tokens=5, reused_tokens=35, decode_tokens=9)
     got = utt.savings(endpoint_ns=350 * ms, llm_start_ns=500 * ms, reply=reply)
-    assert got == {"asr_ms": 250.0, "prefill_ms": 50.0, "saved_ms": 300.0, "prefill_tokens": 40, "reused_tokens": 25,
+    assert got == {"asr_ms": 250.0, "asr_decode_ms": 240.0, "prefill_ms": 50.0, "saved_ms": 300.0, "prefill_tokens": 40, "reused_tokens": 25,
                    "shared_prefix_tokens": 10, "discarded": 0, "warm_tokens": 0}  # fmt: skip
     # a reply request that started half-way through the prefill saved only the half that ran before it
     reply = LlmFinish("stop", prefill_ms=15.0, prefill_tokens=5, reused_tokens=50, decode_tokens=9)

@@ -117,6 +117,34 @@ async def test_the_audio_check_can_run_at_the_pause_on_the_silence_to_come() -> 
     assert abs(heard[True][-1] - heard[False][-1]) <= 40.0, heard  # the same audio, to a frame or two
 
 
+async def test_a_check_that_waits_for_the_text_scores_the_audio_only_after_the_final_recognition() -> None:
+    """combined: the check waits for the final and its prefill anyway, so the audio model starts once the final is
+    done and the recognition the reply waits on has the cores; smart_turn alone scores beside the final."""
+    for detection, after in (("combined", True), ("smart_turn", False)):
+        order: list[tuple[str, float]] = []
+
+        class Logged(FakeTranscriber):
+            def transcribe(self, audio):  # type: ignore[no-untyped-def]
+                out = super().transcribe(audio)
+                order.append(("asr", out.audio_ms))
+                return out
+
+        class LoggedModel(FakeTurnModel):
+            def complete_prob(self, audio):  # type: ignore[no-untyped-def]
+                order.append(("turn", 1000.0 * len(audio) / 16000))
+                return super().complete_prob(audio)
+
+        policy = TurnPolicy(detection=detection, turn_check_ms=400, max_hangover_ms=1000)
+        async with Harness(transcriber=Logged(delay_s=0.1), turn_model=LoggedModel(prob=0.95), turns=policy,
+                           audio_check_ahead=True) as h:  # fmt: skip
+            await h.feed(tone(800))
+            await h.feed(quiet(2500), until=lambda: ended(h))
+            await h.wait_for("turn.trace")
+        turn_at = next(i for i, (what, _) in enumerate(order) if what == "turn")
+        final_at = next(i for i, (what, ms) in enumerate(order) if what == "asr" and ms > 800)  # the pause's final
+        assert (final_at < turn_at) == after, (detection, order)
+
+
 async def test_an_unsure_audio_model_waits_for_the_longest_hangover() -> None:
     policy = TurnPolicy(detection="smart_turn", max_hangover_ms=800)
     async with Harness(turn_model=FakeTurnModel(prob=0.05), turns=policy) as h:
