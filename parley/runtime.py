@@ -310,7 +310,8 @@ def warm(runtime: Runtime) -> None:
             chunks = list(binding.tts.synthesize(WARM_SENTENCE, voice=binding.speaker))
             if len(seen) == 1 and chunks:
                 speech = resample(np.concatenate(chunks), int(binding.tts.sample_rate), 16000)
-    if "asr" in runtime.served and not _remote(stages.transcriber):
+    local_asr = "asr" in runtime.served and not _remote(stages.transcriber)
+    if local_asr:
         stages.transcriber.transcribe(speech)
     if runtime.engine is not None:
         for _ in runtime.engine.submit(_warm_request()):
@@ -318,6 +319,14 @@ def warm(runtime: Runtime) -> None:
         runtime.engine.release("__warmup__")
     if stages.turn_model is not None:
         stages.turn_model.complete_prob(speech)
+
+    def on_a_worker() -> None:  # their first runs on each thread cost more again (ONNX Runtime: 20-30 ms)
+        if stages.turn_model is not None:
+            stages.turn_model.complete_prob(speech)
+        if local_asr:
+            stages.transcriber.transcribe(speech)
+
+    stages.runner.on_each_worker(on_a_worker)
 
 
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:

@@ -52,6 +52,8 @@ class StageRunner(Protocol):
 
     def forget_recent(self) -> None: ...
 
+    def on_each_worker(self, fn: Callable[[], None]) -> None: ...  # at load: per-thread first-call costs paid there
+
     def close(self) -> None: ...
 
 
@@ -70,6 +72,9 @@ class DirectRunner:
         self, stage: str, priority: Priority, key: str, fn: Callable[..., T], *args: Any, batch: Batch | None = None
     ) -> Ran[T]:
         return Ran(await asyncio.to_thread(fn, *args), 0.0)
+
+    def on_each_worker(self, fn: Callable[[], None]) -> None:
+        pass  # its threads are the default executor's, made when needed: none to warm ahead
 
     def close(self) -> None:
         pass
@@ -129,6 +134,8 @@ class StageScheduler:
         # stage_busy_s; later phrases count: replies stall when they cannot keep pace with playback.
         self.busy_s: dict[str, float] = {}
         self.stage_busy_s: dict[str, float] = {}  # stage -> worker-seconds in all (/metrics: where the time goes)
+        self._chores: dict[int, Callable[[], None]] = {}  # worker thread id -> what it runs before its next job
+        self._chore_errors: list[BaseException] = []
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(policy.workers)
         ]
@@ -178,6 +185,19 @@ class StageScheduler:
                     self._note_depth()
             raise
 
+    def on_each_worker(self, fn: Callable[[], None], timeout_s: float = 120.0) -> None:
+        """Run `fn` once on every worker thread, before its next job; return when all have (the first error
+        raised again). For first-call costs that are per thread: an ONNX session's first run on a thread took 20-30
+        ms more than its later ones (Smart Turn, 2 cores), and without this the first user's first check paid it."""
+        with self._cond:
+            self._chores = {t.ident: fn for t in self._threads if t.ident is not None and t.is_alive()}
+            self._chore_errors = []
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: not self._chores or self._closed, timeout=timeout_s):
+                raise TimeoutError(f"the stage workers did not all run their chore within {timeout_s:g} s")
+            if self._chore_errors:
+                raise self._chore_errors[0]
+
     def close(self) -> None:
         """Stop the workers once their current jobs end; queued jobs fail with RuntimeError."""
         with self._cond:
@@ -198,8 +218,10 @@ class StageScheduler:
             entry.future.set_exception(Skipped(f"{job.stage} {job.priority.name.lower()} {reason}"))
 
     def _next(self) -> list[_Entry]:
-        """Under the lock: wait for a job this worker may run (with its batch); [] once closed."""
+        """Under the lock: wait for a job this worker may run (with its batch); [] once closed or with a chore."""
         while not self._closed:
+            if threading.get_ident() in self._chores:
+                return []
             started = self._queue.start(self._now_ms())
             for job in started.dropped:
                 self._skip(job, "stale")
@@ -234,7 +256,8 @@ class StageScheduler:
         while True:
             with self._cond:
                 entries = self._next()
-                if not entries:
+                chore = None if entries else self._chores.get(threading.get_ident())
+                if not entries and chore is None:
                     return
                 now = self._now_ms()
                 waits = [now - e.job.submitted_ms for e in entries]
@@ -242,6 +265,9 @@ class StageScheduler:
                     self.stats.observe(e.job, wait_ms, now)
                 if len(entries) > 1:
                     self.stats.batched[entries[0].job.stage] += len(entries)
+            if chore is not None:
+                self._run_chore(chore)
+                continue
             started_s = time.perf_counter()
             try:
                 self._run(entries, waits)
@@ -255,6 +281,17 @@ class StageScheduler:
                         self.stage_busy_s[e.job.stage] = self.stage_busy_s.get(e.job.stage, 0.0) + share_s
                     self._note_depth()
                     self._cond.notify_all()
+
+    def _run_chore(self, chore: Callable[[], None]) -> None:
+        try:
+            chore()
+        except BaseException as exc:  # noqa: BLE001 - handed to on_each_worker's caller
+            with self._cond:
+                self._chore_errors.append(exc)
+        finally:
+            with self._cond:
+                self._chores.pop(threading.get_ident(), None)
+                self._cond.notify_all()
 
     @staticmethod
     def _run(entries: list[_Entry], waits: list[float]) -> None:

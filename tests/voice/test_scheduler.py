@@ -152,3 +152,29 @@ async def test_optional_work_is_no_sessions_committed_load() -> None:
         assert committed > 0 and sched.busy_s["s"] == pytest.approx(committed)  # the final and the later phrase
     finally:
         sched.close()
+
+
+async def test_each_worker_runs_a_chore_once_and_then_takes_jobs_again() -> None:
+    """on_each_worker (runtime.warm: per-thread first-run costs paid at load): every worker thread runs it, once,
+    the call returns when all have, an error in it comes back to the caller, and jobs run afterwards as before."""
+    sched = StageScheduler(Policy(workers=3, partial_workers=1, background_workers=1), name="w")
+    try:
+        ran: list[str] = []
+        lock = threading.Lock()
+
+        def chore() -> None:
+            with lock:
+                ran.append(threading.current_thread().name)
+
+        await asyncio.to_thread(sched.on_each_worker, chore)
+        assert sorted(ran) == ["w-0", "w-1", "w-2"]
+
+        def broken() -> None:
+            raise ValueError("no model")
+
+        with pytest.raises(ValueError, match="no model"):
+            await asyncio.to_thread(sched.on_each_worker, broken)
+        assert (await sched.run("asr", Priority.WAITED, "k", lambda: 7)).value == 7
+        DirectRunner().on_each_worker(broken)  # no threads of its own to warm: nothing runs
+    finally:
+        sched.close()

@@ -45,18 +45,31 @@ class _Voice:
         yield np.full(11025, -0.1, dtype=np.float32)
 
 
-def test_the_recogniser_and_turn_model_are_warmed_on_speech_the_first_voice_said() -> None:
-    heard: list[np.ndarray] = []
-    scored: list[np.ndarray] = []
+def test_the_recogniser_and_turn_model_are_warmed_on_speech_the_first_voice_said_and_on_every_worker() -> None:
+    from voice.scheduler import DirectRunner, StageScheduler
+    from voice.stage_queue import Policy
+
+    heard: list[tuple[str, np.ndarray]] = []
+    scored: list[tuple[str, np.ndarray]] = []
+    on = lambda seen: lambda audio: seen.append((threading.current_thread().name, audio))  # noqa: E731
+    workers = StageScheduler(Policy(workers=3, partial_workers=1, background_workers=1), name="stage")
     stages = SimpleNamespace(
         voices={"a": SimpleNamespace(tts=_Voice(), speaker=None)},
-        transcriber=SimpleNamespace(transcribe=heard.append),
-        turn_model=SimpleNamespace(complete_prob=scored.append),
+        transcriber=SimpleNamespace(transcribe=on(heard)),
+        turn_model=SimpleNamespace(complete_prob=on(scored)),
+        runner=workers,
     )
-    rt.warm(rt.Runtime(stages=stages, engine=None, sessions=False))  # type: ignore[arg-type]
-    assert len(heard) == 1 and abs(len(heard[0]) - 16000) < 50  # the voice's 1 s, at 16 kHz
-    assert heard[0][:8000].mean() > 0.05 and heard[0][-4000:].mean() < -0.05  # its audio, not noise
-    assert scored[0] is heard[0]
-    rt.warm(rt.Runtime(stages=SimpleNamespace(voices={}, transcriber=stages.transcriber, turn_model=None),
-                       engine=None, sessions=False))  # type: ignore[arg-type]
-    assert len(heard[1]) == 16000 and abs(float(heard[1].mean())) < 0.01  # no local voice: a second of noise
+    try:
+        rt.warm(rt.Runtime(stages=stages, engine=None, sessions=False))  # type: ignore[arg-type]
+    finally:
+        workers.close()
+    speech = heard[0][1]
+    assert abs(len(speech) - 16000) < 50  # the voice's 1 s, at 16 kHz
+    assert speech[:8000].mean() > 0.05 and speech[-4000:].mean() < -0.05  # its audio, not noise
+    assert all(audio is speech for _, audio in heard + scored)
+    # here, and then once on each stage worker (per-thread first runs): where users' checks and finals run
+    assert sorted(name for name, _ in heard[1:]) == sorted(name for name, _ in scored[1:]) == ["stage-0", "stage-1", "stage-2"]
+    heard.clear()
+    rt.warm(rt.Runtime(stages=SimpleNamespace(voices={}, transcriber=stages.transcriber, turn_model=None,
+                                              runner=DirectRunner()), engine=None, sessions=False))  # type: ignore[arg-type]
+    assert len(heard) == 1 and len(heard[0][1]) == 16000 and abs(float(heard[0][1].mean())) < 0.01  # no local voice: noise
