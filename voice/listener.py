@@ -308,22 +308,27 @@ class Listener:
         if isinstance(result, LlmFinish):
             utt.prefill_done_ns, utt.prefill_result, utt.text_prob = now_ns(), result, result.end_prob
 
-    def score_ahead(self, utt: Utterance, silence_ms: float, check_ms: float, *, after_final: bool = False) -> None:
+    def score_ahead(
+        self, utt: Utterance, silence_ms: float, check_ms: float, *, after_text: Callable[[float | None], bool] | None = None
+    ) -> None:
         """At the pause (`silence_ms` of it heard): start the audio model on the turn as the check will hear it at
         `check_ms` of silence, the pause's quietest 10 ms repeated for the silence still to come (the room's own
         floor, never a word's tail), so at the check the cores go to the reply's first phrase instead; the check
-        takes this score (speech that comes back drops it). `after_final`: only once the final recognition is done
-        (or failed). A check that waits for the text's probability waits for that final and its prefill anyway, and
-        the recognition, which the reply waits on, then has the cores to itself: beside the audio model a tiny.en
-        final took 77-100 ms against 54-59 alone on two cores (bench/stage_threads.py)."""
+        takes this score (speech that comes back drops it; None: not run). `after_text`, for a check that waits for
+        the text's probability anyway: the model runs once the work ahead is done (the final recognition and its
+        prefill, both on the reply's path: beside the model a tiny.en final took 77-100 ms against 54-59 alone on two
+        cores, bench/stage_threads.py), and only when after_text(that probability) says its score could still change
+        the wait (TurnPolicy.audio_can_change)."""
         if self.turn_model is None:
             return
         padded = with_silence_to_come(utt.audio(), silence_ms, check_ms)
         model = self.turn_model
 
         async def score() -> Any:
-            if after_final:
-                await utt.final_event.wait()
+            if after_text is not None:
+                await utt.ahead_done()
+                if not after_text(utt.text_prob):
+                    return None
             return await self.runner.run("turn", Priority.WAITED, self.session_id, model.complete_prob, padded)
 
         utt.audio_ahead = asyncio.ensure_future(score())
@@ -347,8 +352,8 @@ class Listener:
                 await utt.ahead_done()
                 text_prob = utt.text_prob
             audio_prob = None
-            if audio_task is not None:
-                ran = await audio_task
+            ran = await audio_task if audio_task is not None else None
+            if ran is not None:
                 audio_prob = ran.value
                 utt.queue_ms["turn"] = round(utt.queue_ms.get("turn", 0.0) + ran.wait_ms, 3)
         finally:

@@ -131,10 +131,11 @@ class TurnShell:
             return
         utt.pause()
         policy = self.s.settings.turns
-        if self.s.settings.audio_check_ahead and policy.uses_audio:
-            self.s.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms, after_final=policy.uses_text)
         joins = utt.trace.info.get("joins")
         utt.ahead = self.s.spawn(self._ahead, utt, lambda text: self.s.messages(text, joins))
+        if self.s.settings.audio_check_ahead and policy.uses_audio:  # after the ahead: it may wait for that work
+            after_text = policy.audio_can_change if policy.uses_text else None
+            self.s.listener.score_ahead(utt, policy.ahead_silence_ms, policy.turn_check_ms, after_text=after_text)
 
     async def _ahead(self, utt: Utterance, prompt: Callable[[str], list[tuple[str, str]]]) -> None:
         """The work ahead of the endpoint (voice.listener), then the reply's first phrase (voice.first_phrase)."""

@@ -117,10 +117,13 @@ async def test_the_audio_check_can_run_at_the_pause_on_the_silence_to_come() -> 
     assert abs(heard[True][-1] - heard[False][-1]) <= 40.0, heard  # the same audio, to a frame or two
 
 
-async def test_a_check_that_waits_for_the_text_scores_the_audio_only_after_the_final_recognition() -> None:
-    """combined: the check waits for the final and its prefill anyway, so the audio model starts once the final is
-    done and the recognition the reply waits on has the cores; smart_turn alone scores beside the final."""
-    for detection, after in (("combined", True), ("smart_turn", False)):
+async def test_a_check_that_waits_for_the_text_scores_the_audio_after_it_and_only_when_it_could_matter() -> None:
+    """combined: the check waits for the final and its prefill anyway, so the audio model starts once they are done
+    (the recognition the reply waits on has the cores), and not at all when the text alone fixes the wait; the
+    audio model alone (smart_turn) scores beside the final."""
+    said = "what is the weather like today"
+    for detection, text_prob, audio_runs, after in (("combined", 0.05, True, True), ("combined", 0.9, False, None),
+                                                   ("smart_turn", 0.9, True, False)):  # fmt: skip
         order: list[tuple[str, float]] = []
 
         class Logged(FakeTranscriber):
@@ -135,14 +138,20 @@ async def test_a_check_that_waits_for_the_text_scores_the_audio_only_after_the_f
                 return super().complete_prob(audio)
 
         policy = TurnPolicy(detection=detection, turn_check_ms=400, max_hangover_ms=1000)
-        async with Harness(transcriber=Logged(delay_s=0.1), turn_model=LoggedModel(prob=0.95), turns=policy,
-                           audio_check_ahead=True) as h:  # fmt: skip
+        assert policy.audio_can_change(text_prob) == audio_runs
+        async with Harness(transcriber=Logged(text=said, delay_s=0.1), engine=FakeEngine(end_probs={said: text_prob}),
+                           turn_model=LoggedModel(prob=0.95), turns=policy, audio_check_ahead=True) as h:  # fmt: skip
             await h.feed(tone(800))
             await h.feed(quiet(2500), until=lambda: ended(h))
-            await h.wait_for("turn.trace")
-        turn_at = next(i for i, (what, _) in enumerate(order) if what == "turn")
-        final_at = next(i for i, (what, ms) in enumerate(order) if what == "asr" and ms > 800)  # the pause's final
-        assert (final_at < turn_at) == after, (detection, order)
+            trace = await h.wait_for("turn.trace")
+        check = trace["turn"]["checks"][0]
+        assert (check["audio_prob"] == 0.95) == audio_runs and (check["audio_prob"] is None) == (not audio_runs), check
+        if audio_runs:
+            turn_at = next(i for i, (what, _) in enumerate(order) if what == "turn")
+            final_at = next(i for i, (what, ms) in enumerate(order) if what == "asr" and ms > 800)  # the pause's final
+            assert (final_at < turn_at) == after, (detection, order)
+        else:
+            assert all(what == "asr" for what, _ in order) and check["decision"] == "end", (order, check)
 
 
 async def test_an_unsure_audio_model_waits_for_the_longest_hangover() -> None:

@@ -167,6 +167,20 @@ def test_combined_weighs_the_audio_model_less_than_the_text() -> None:
     assert TurnPolicy(detection="smart_turn").complete_prob(0.8, 1e-9) == pytest.approx(0.8)
     assert TurnPolicy(detection="text").complete_prob(0.01, 0.3) == pytest.approx(0.3 / (0.3 + TEXT_EVEN_ODDS))
 
+def test_the_audio_model_is_needed_only_where_its_score_could_change_the_wait() -> None:
+    from voice.turn_policy import AUDIO_RANGE
+
+    policy = TurnPolicy(detection="combined")
+    for text_prob in (1e-4, 0.01, 0.05, 0.2, 0.3, 0.45, 0.9):
+        waits = {policy.wait_ms(policy.complete_prob(a, text_prob)) for a in (*AUDIO_RANGE, 0.3, 0.7)}
+        assert policy.audio_can_change(text_prob) == (len(waits) > 1), text_prob
+    assert policy.audio_can_change(0.9) is False and policy.audio_can_change(0.05) is True  # sure; in between
+    assert policy.audio_can_change(1e-4) is False  # a half sentence waits the longest hold whatever the audio says
+    assert policy.audio_can_change(None) is True  # no text yet: the audio is all there is
+    assert TurnPolicy(detection="smart_turn").audio_can_change(0.99) is True
+    assert TurnPolicy(detection="text").audio_can_change(0.05) is False
+
+
 
 def test_barge_in_needs_the_minimum_speech_and_a_backchannel_is_dropped() -> None:
     s = Script(detection="text", interrupt_by="duration", barge_in_min_speech_ms=200)
