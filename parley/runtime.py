@@ -320,7 +320,7 @@ def warm(runtime: Runtime) -> None:
     if stages.turn_model is not None:
         stages.turn_model.complete_prob(speech)
 
-    def on_a_worker() -> None:  # their first runs on each thread cost more again (ONNX Runtime: 20-30 ms)
+    def on_a_worker() -> None:  # their first runs on each thread cost more again (ONNX Runtime: 20-50 ms)
         if stages.turn_model is not None:
             stages.turn_model.complete_prob(speech)
         if local_asr:

@@ -12,7 +12,7 @@ engine's OpenMP pool).
   over its fitted window (voice.asr) decodes faster on one thread than on two, and steadier (`python -m
   bench.stage_threads`, 2026-12-05: 16 corpus requests of 1.3-2.3 s, median/p90 59/64 ms vs 69/74; requests of
   ~6 s 100/108 vs 131/138; two at once 115/120 vs 134/161 for both). Beside a Smart Turn check one thread lost
-  (101 vs 76 ms): the check at the pause now waits for the final (voice.listener.score_ahead). Over Whisper's full
+  (101 vs 76 ms): the audio check now runs after the work ahead (voice.listener.score_ahead). Over Whisper's full
   30 s window, before the fitted one, two threads won: 169 vs 187 ms.
 So on two cores three jobs may run beside the engine: oversubscribed at full load, which the measurements favour
 over fewer workers (and Whisper decodes queue inside CTranslate2, one at a time, whatever the threads). On larger
