@@ -85,9 +85,10 @@ class TurnPolicy:
         return 1.0 / (1.0 + math.exp(-log_odds)) if known else None
 
     def audio_can_change(self, text_prob: float | None) -> bool:
-        """Whether the audio model's score could change the wait, given the text's: not when any score in
-        AUDIO_RANGE gives the same one (the text alone is sure enough to end at the check, or unsure enough to hold
-        the longest). On the turn corpus that skips 196 of 454 checks and changes none of their waits."""
+        """Whether the audio model's score could change the wait, given the text's: not when every score in
+        AUDIO_RANGE gives the same one (the wait is monotone in the score, so the range's ends decide): the text alone
+        is sure enough to end at the check, or unsure enough to hold the longest. On the turn corpus that skips 196
+        of 454 checks and changes none of their waits."""
         if not self.uses_audio:
             return False
         if not self.uses_text or text_prob is None:
