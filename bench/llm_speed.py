@@ -28,7 +28,7 @@ def llm_path(arg: str | Path | None) -> Path:
         return Path(arg)
     from parley.locate import find_embedded
 
-    return find_embedded("llm")
+    return find_embedded("llm", "embedded-135m")
 
 
 def copy_bandwidth_gb_s(mib: int = 512, repeats: int = 5) -> float:

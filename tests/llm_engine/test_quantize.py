@@ -169,7 +169,7 @@ def test_int4_from_gguf_blocks_is_the_q4_1_weights_exactly(smol) -> None:
     from parley.locate import find_embedded
 
     model, _ = smol
-    layers = read_quantized_linears(find_embedded("llm"), "int4")
+    layers = read_quantized_linears(find_embedded("llm", "embedded-135m"), "int4")
     assert len(layers) == 30 * 7
     modules = dict(model.named_modules())
     for path in ("layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj", "layers.17.mlp.down_proj"):

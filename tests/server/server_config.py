@@ -23,7 +23,10 @@ def _merge(into: dict[str, Any], more: dict[str, Any]) -> None:
 def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[str, Any] | None = None,
                       **server: Any) -> Path:  # fmt: skip
     """configs/ copied to `root`, replies capped short (test runtime); VAD and barge-in settings as shipped unless
-    `vad` overrides some; `server` overrides server keys; `more` is merged into the rest (e.g. models)."""
+    `vad` overrides some; `server` overrides server keys; `more` is merged into the rest (e.g. models).
+    The LLM is the embedded SmolLM2-135M unless `more` names another: these tests check what the server does with
+    a reply, not what it says (the default model's answers are checked in tests/llm_engine/test_default_model.py),
+    and the 135M keeps the suite's time on two cores."""
     dst = root / "configs"
     shutil.copytree(DEFAULT_CONFIG.parent, dst)
     for name in ("assistant", "concise"):
@@ -35,6 +38,7 @@ def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
                            "idle_timeout_s": 30, "admit_max_wait_ms": 0, "admit_v2v_ratio": 0, **server})  # fmt: skip
     data["vad"].update(vad or {})
+    data["models"]["llm"]["source"] = "embedded-135m"
     _merge(data, more or {})
     (dst / "default.yaml").write_text(yaml.safe_dump(data))
     return dst / "default.yaml"

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    engine = Engine.from_path(find_embedded("llm"), max_seq_len=384, max_slots=2)
+    engine = Engine.from_path(find_embedded("llm", "embedded-135m"), max_seq_len=384, max_slots=2)
     engine.start()
     yield engine
     engine.stop()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    yield Engine.from_path(find_embedded("llm"), max_seq_len=1024, max_slots=2)
+    yield Engine.from_path(find_embedded("llm", "embedded-135m"), max_seq_len=1024, max_slots=2)
 
 
 async def _until(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:

