@@ -24,14 +24,13 @@ import torch
 from torch import nn
 
 from llm_engine.config import ModelConfig
+from llm_engine.gguf_blocks import GGUF_GROUP, unpack_q8_0
 from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, Scheme
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
-Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8
 Q4_0_BLOCK_BYTES = 18  # fp16 d, 16 bytes of nibbles
 Q4_K_BLOCK_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128 bytes of nibbles
 Q4_K_WEIGHTS = 256
-GGUF_GROUP = 32
 
 
 def unpack_q4_1(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,14 +96,6 @@ def kept_wide(types: dict[str, str]) -> set[str]:
         if not any(types.get(f"{prefix}.{member}") in _INT4_EXACT for member in group):
             out.add(path)
     return out
-
-
-def unpack_q8_0(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw [rows, cols/32*34] uint8 -> codes [rows, cols] int8, scales [rows, cols/32] f32."""
-    blocks = np.ascontiguousarray(raw).reshape(rows, cols // GGUF_GROUP, Q8_0_BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
-    return q, d
 
 
 @dataclass

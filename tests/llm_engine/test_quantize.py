@@ -9,7 +9,8 @@ import torch
 from speed_fixtures import chat_ids, greedy, load_smol
 from torch import nn
 
-from llm_engine.gguf_quant import read_quantized_linears, unpack_q4_1, unpack_q8_0
+from llm_engine.gguf_blocks import unpack_q8_0
+from llm_engine.gguf_quant import read_quantized_linears, unpack_q4_1
 from llm_engine.quantize import (
     KERNEL_MAX_ROWS,
     Int4WeightOnlyLinear,
