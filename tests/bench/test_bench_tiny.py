@@ -282,3 +282,21 @@ def test_tools_default_tiny(tmp_path: Path) -> None:
     assert result["auto"]["wanted"] == 3 and result["auto"]["no_tool"] == 1
     assert "calls when none was wanted" in proc.stdout
     assert result["auto_offers_tools"] is False and "does not render tools" in result["why"]  # the embedded model
+
+
+def test_quality_tiny(tmp_path: Path) -> None:
+    """bench/quality.py's smoke form on the shipped LLM: four questions answered and scored, the table printed and
+    every reply in the JSON; a model that cannot be found is skipped with one line. Whether the replies are right
+    is the benchmark's own number, not asserted here."""
+    out, missing = tmp_path / "quality.json", tmp_path / "missing.gguf"
+    proc = run_script("quality", "--tiny", "--models", f"embedded,{missing}", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ran, skipped = result["models"]
+    assert result["questions"] == 4 and ran["error"] is None and ran["total"] == 4 and len(ran["answers"]) == 4
+    assert all(a["reply"] and a["finish"] in ("stop", "length") for a in ran["answers"]), ran["answers"]
+    assert ran["right"] == sum(a["right"] for a in ran["answers"]) and ran["load_s"] > 0
+    assert ran["first_token_ms_median"] > 0 and ran["decode_tok_s_median"] > 0
+    assert skipped["error"].startswith("not found") and skipped["answers"] == []
+    assert f"{missing}: skipped, not found" in proc.stdout
+    assert "| model | right / total | % |" in proc.stdout and f"| embedded | {ran['right']} / 4 |" in proc.stdout
