@@ -13,8 +13,15 @@ from typing import Any
 
 import torch
 
+from llm_engine.closing import Closing, Quote, closing_path, vocabulary
 from llm_engine.tokenizer import Tokenizer
 
+# How near the limit (in tokens) a closing request starts measuring the way to close each step: the walk costs about
+# a millisecond, so it runs only here (docs/tools.md). Where no way to close fits in what is left, nothing is steered.
+CLOSE_WINDOW_TOKENS = 64
+# Near the limit, a token that opens something (a new item, key or object) needs this many tokens to spare beyond
+# what closing takes: room for some content, so that the limit does not close it empty.
+ROOM_TO_OPEN_TOKENS = 4
 # Compact, fixed JSON layout: the same text any client re-serialises, and no room for a random model to ramble
 # in white space (a flexible-white-space grammar lets it emit newlines until max_tokens).
 JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -30,6 +37,9 @@ class Constraint:
     # None: the grammar holds from the first token. Otherwise the output is free until this text appears in it;
     # from there on the grammar holds for what follows the trigger (a tool call's marker under tool_choice auto)
     trigger: str | None = None
+    # Near the reply's token limit, steer it to where the grammar is complete (Guide.forced, Guide.vet): the reply
+    # then parses even when cut. Off for tool calls: a call cut short is dropped rather than run on a guess.
+    close_at_limit: bool = False
 
 
 def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
@@ -89,6 +99,13 @@ class Guide:
         words = (tokenizer.vocab_size + 31) // 32
         self._bits = torch.zeros(words, dtype=torch.int32)  # [W] the mask llguidance fills, one bit a token
         self._shifts = torch.arange(32, dtype=torch.int32)
+        self.close_at_limit = constraint.close_at_limit
+        # built here, on the submitting thread (~0.1 s once per tokenizer), not on the engine thread's step
+        self._vocab = vocabulary(tokenizer, _ll_tokenizer(tokenizer)) if constraint.close_at_limit else None
+        self._quote = Quote()  # where the text the grammar has taken stands (inside a string or not)
+        self._path: Closing | None = None  # the way to close from the matcher's state (None: not measured yet)
+        self._next: tuple[int, Closing] | None = None  # the token chosen this step, and the way to close after it
+        self.steered = 0  # tokens the limit chose instead of the model (forced or put in place of its pick)
 
     @property
     def done(self) -> bool:
@@ -106,11 +123,64 @@ class Guide:
             allowed = torch.cat([allowed, allowed.new_zeros(v - allowed.numel())])
         return logits.masked_fill(~allowed[:v].to(logits.device), float("-inf"))
 
+    def forced(self, left: int) -> int | None:
+        """left: the tokens the reply may still add, this one included. -> the token to take without sampling once
+        closing needs all the tokens left (the next one on the way to close); None: sample under mask() and vet()."""
+        if not self._closing(left):
+            return None
+        path = self._closing_path(left)
+        if path.complete and path.tokens and len(path.tokens) >= left:
+            return self._steer(path)
+        return None  # room to spare, or no way to close in what is left (then the reply is cut, as without closing)
+
+    def vet(self, token: int, left: int) -> int:
+        """The token sampled under mask() -> it, or in its place the next token on the way to close when after it
+        the grammar could not close in the tokens then left (the model opening one more item at the limit)."""
+        if not self._closing(left) or token in self.tok.stop_ids:
+            return token  # a stop token passes the mask only where the grammar is complete: the reply ends whole
+        assert self._vocab is not None
+        path = self._closing_path(left)
+        if path.tokens and token == path.tokens[0]:
+            self._next = (token, Closing(path.tokens[1:], path.complete))
+            return token
+        after = self.matcher.deep_copy()
+        after.consume_token(token)  # it passed the mask
+        rest = closing_path(after, self._vocab, self._quote.scan(self._vocab.token_bytes[token]), left - 1)
+        # A token that lengthens the text it takes to close opens something (an item, a key, an object): only with
+        # room left to put something in it, else the limit would close it empty (["a", "b", ""]).
+        opens = path.complete and self._vocab.text_len(rest.tokens) > self._vocab.text_len(path.tokens)
+        room = len(rest.tokens) + (ROOM_TO_OPEN_TOKENS if opens else 0)
+        if (rest.complete and room <= left - 1) or not path.complete:
+            self._next = (token, rest)
+            return token
+        if path.tokens:
+            return self._steer(path)
+        self.steered += 1  # the grammar is complete here and would not be after the model's token: end the reply
+        return min(self.tok.stop_ids)
+
+    def _closing(self, left: int) -> bool:
+        return self.close_at_limit and self.active and left <= CLOSE_WINDOW_TOKENS
+
+    def _closing_path(self, left: int) -> Closing:
+        assert self._vocab is not None
+        if self._path is None:
+            self._path = closing_path(self.matcher, self._vocab, self._quote, left)
+        return self._path
+
+    def _steer(self, path: Closing) -> int:
+        self.steered += 1
+        self._next = (path.tokens[0], Closing(path.tokens[1:], path.complete))
+        return path.tokens[0]
+
     def accept(self, token: int, text: str) -> None:
         """The token sampled (not a stop token) and the text it added to the reply."""
         if self.active:
             if not self.matcher.consume_token(token):
                 raise GrammarError(f"token {token} broke the grammar: {self.matcher.get_error()}")
+            if self._vocab is not None:
+                self._quote = self._quote.scan(self._vocab.token_bytes[token])
+                self._path = self._next[1] if self._next is not None and self._next[0] == token else None
+                self._next = None
             return
         if self.dead or self.trigger is None:
             return
@@ -123,3 +193,4 @@ class Guide:
         # The trigger's last token may carry text past it: the grammar takes that text's tokens (it matches bytes)
         if tail and not self.matcher.consume_tokens(self.tok.encode(tail)):
             self.active, self.dead = False, True
+        self._quote = self._quote.scan(tail.encode())

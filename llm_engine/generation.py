@@ -129,7 +129,7 @@ class Generation:
         self.timings = replace(self.timings, prefill_tokens=len(self.prompt) - self.timings.reused_tokens)
         if self.params.max_new_tokens <= 0:
             return self._finish("length")
-        return self._accept(self._sample(logits[0, -1]), cache, state)
+        return self._accept(self._sample(logits[0, -1], self._left(cache, state)), cache, state)
 
     def decode_input(self, state: SlotState) -> tuple[int, int]:
         """-> (token to feed, its position): the row this request adds to the step's batched forward."""
@@ -140,7 +140,7 @@ class Generation:
         """logits [V]: this request's row of a batched decode forward that fed `pending` -> sample the next token."""
         assert self.pending is not None
         state.tokens.append(self.pending)
-        token = self._sample(logits)
+        token = self._sample(logits, self._left(cache, state))
         self.timings = replace(
             self.timings, decode_tokens=self.timings.decode_tokens + 1, decode_ms=self.timings.decode_ms + step_ms
         )
@@ -166,11 +166,20 @@ class Generation:
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _sample(self, logits: torch.Tensor) -> int:
-        """logits [V] -> the next token, among those the request's grammar (if any) allows."""
-        if self.guide is not None:
-            logits = self.guide.mask(logits)
-        return sample(logits, self.params, self.generator, self.history())
+    def _sample(self, logits: torch.Tensor, left: int) -> int:
+        """logits [V] -> the next token, among those the request's grammar (if any) allows; near the limit, one that
+        leaves room to close the grammar (constrain.Guide.forced / vet). left: tokens the reply may still add."""
+        if self.guide is None:
+            return sample(logits, self.params, self.generator, self.history())
+        forced = self.guide.forced(left)
+        if forced is not None:
+            return forced
+        return self.guide.vet(sample(self.guide.mask(logits), self.params, self.generator, self.history()), left)
+
+    def _left(self, cache: StaticKVCache, state: SlotState) -> int:
+        """The tokens this reply may still add, the one about to be sampled included: max_new_tokens, or the room
+        in the context (the token sampled now is the last one if the cache is full: it could not be fed back)."""
+        return min(self.params.max_new_tokens - len(self.generated), cache.max_seq_len - len(state.tokens) + 1)
 
     def history(self) -> list[int]:
         """What the repetition penalty looks at (empty when there is none, to skip the work)."""
@@ -181,11 +190,13 @@ class Generation:
         if not self.generated:
             first_ms = 1000 * (time.perf_counter() - self.submitted_s)
             self.timings = replace(self.timings, first_token_ms=first_ms)
+        # The limit steered a constrained reply to close (Guide.forced / vet): it ends whole, but as the limit made it
+        steered = self.guide is not None and self.guide.steered > 0
         if token in self.tok.stop_ids:
             tail = self._tail("")
             if tail:
                 events.append(TokenEvent(token, tail))  # text held back for a stop string that never completed
-            return events + self._finish("stop")
+            return events + self._finish("length" if steered else "stop")
         self.generated.append(token)
         piece = self.detok.push(token)
         text, stopped = self.stop_filter.feed(piece)
@@ -196,12 +207,14 @@ class Generation:
         if last and not stopped:
             text = self._tail(text)
         events.append(TokenEvent(token, text))
-        if stopped or complete:
+        if stopped or (complete and not steered):
             return events + self._finish("stop")
         if len(self.generated) >= self.params.max_new_tokens:
             return events + self._finish("length")
         if len(state.tokens) >= cache.max_seq_len:
             return events + self._finish("context")  # no room to feed this token back
+        if complete:
+            return events + self._finish("length")
         self.pending = token
         return events
 

@@ -30,7 +30,7 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
 
 
 def validate(value: Any, schema: dict[str, Any], path: str = "$") -> None:
-    """The subset of JSON Schema random_schema writes (jsonschema is not a dependency)."""
+    """The subset of JSON Schema random_schema writes, bounds optional (jsonschema is not a dependency)."""
     if "enum" in schema:
         assert value in schema["enum"], f"{path}: {value!r} not in enum"
         return
@@ -40,19 +40,20 @@ def validate(value: Any, schema: dict[str, Any], path: str = "$") -> None:
         assert isinstance(value, checks[kind]), f"{path}: {value!r} is not {kind}"
     elif kind == "integer":
         assert isinstance(value, int) and not isinstance(value, bool), f"{path}: {value!r} is not an integer"
-        assert schema["minimum"] <= value <= schema["maximum"], f"{path}: {value} out of range"
-        assert kind == "integer" or (value * 4) % 1 == 0, f"{path}: {value} is not a multiple of 0.25"
+        assert schema.get("minimum", value) <= value <= schema.get("maximum", value), f"{path}: {value} out of range"
     elif kind == "number":
         assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{path}: {value!r} is not a number"
-        assert schema["minimum"] <= value <= schema["maximum"], f"{path}: {value} out of range"
+        assert schema.get("minimum", value) <= value <= schema.get("maximum", value), f"{path}: {value} out of range"
+        assert "multipleOf" not in schema or (value / schema["multipleOf"]) % 1 == 0, f"{path}: {value} not a multiple"
     if kind == "string":
-        assert len(value) <= schema["maxLength"], f"{path}: {value!r} too long"
+        assert len(value) <= schema.get("maxLength", len(value)), f"{path}: {value!r} too long"
     if kind == "array":
-        assert len(value) <= schema["maxItems"], f"{path}: too many items"
+        assert len(value) <= schema.get("maxItems", len(value)), f"{path}: too many items"
         for i, item in enumerate(value):
             validate(item, schema["items"], f"{path}[{i}]")
     if kind == "object":
-        assert set(schema["required"]) <= set(value), f"{path}: missing {set(schema['required']) - set(value)}"
+        required = set(schema.get("required", ()))
+        assert required <= set(value), f"{path}: missing {required - set(value)}"
         assert set(value) <= set(schema["properties"]), f"{path}: extra {set(value) - set(schema['properties'])}"
         for k, v in value.items():
             validate(v, schema["properties"][k], f"{path}.{k}")
@@ -64,3 +65,13 @@ def random_object(rng: random.Random) -> dict[str, Any]:
         schema = random_schema(rng)
         if schema.get("type") == "object":
             return schema
+
+
+def unbounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema without maxItems / maxLength: strings and arrays a model may write until its token limit."""
+    out = {k: v for k, v in schema.items() if k not in ("maxItems", "maxLength")}
+    if "items" in out:
+        out["items"] = unbounded(out["items"])
+    if "properties" in out:
+        out["properties"] = {k: unbounded(v) for k, v in out["properties"].items()}
+    return out

@@ -113,10 +113,23 @@ async def test_response_format_json_schema_and_json_object(client):
     obj = await client.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "Give me a JSON object about Paris."}], temperature=0,
         max_tokens=60, response_format={"type": "json_object"})  # fmt: skip
-    if obj.choices[0].finish_reason == "stop":  # the model ends the object (a 135M model may run past max_tokens)
-        assert isinstance(json.loads(obj.choices[0].message.content), dict)
-    else:
-        assert obj.choices[0].message.content.startswith("{")
+    # the model ends the object, or the limit closes it: it parses either way
+    assert isinstance(json.loads(obj.choices[0].message.content), dict) and obj.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_json_schema_reply_at_a_tight_max_tokens_still_parses_streamed_or_whole(client):
+    """The 135M model keeps adding fruits: cut at 24 tokens inside the array without closing (docs/tools.md)."""
+    schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}}},
+              "required": ["fruits"], "additionalProperties": False}  # fmt: skip
+    kwargs = dict(model="any", messages=[{"role": "user", "content": "List five fruits. Reply in JSON."}], temperature=0,
+                  max_tokens=24, response_format={"type": "json_schema", "json_schema": {"name": "fruits", "schema": schema}})  # fmt: skip
+    whole = await client.chat.completions.create(**kwargs)
+    value = json.loads(whole.choices[0].message.content)
+    assert set(value) == {"fruits"} and value["fruits"] and all(isinstance(f, str) for f in value["fruits"])
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens <= 24
+    chunks = [c async for c in await client.chat.completions.create(**kwargs, stream=True)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
 
 
 async def test_bad_tool_input_is_answered_in_openai_s_shape_and_the_server_goes_on(client):

@@ -101,11 +101,12 @@ def reply_constraint(tools: tuple[ToolSpec, ...], choice: str, parallel: bool, f
     if fmt is not None and fmt.type != "text":
         if choice != "none":
             raise ValueError("response_format with tools: set tool_choice to none, or leave response_format out")
+        # Structured output closes at max_tokens (finish_reason stays "length", the content parses): docs/tools.md
         if fmt.type == "json_object":
-            return Constraint(json_schema_grammar(True))
+            return Constraint(json_schema_grammar(True), close_at_limit=True)
         if fmt.json_schema is None or fmt.json_schema.schema_ is None:
             raise ValueError("response_format json_schema needs json_schema.schema")
-        return Constraint(json_schema_grammar(fmt.json_schema.schema_))
+        return Constraint(json_schema_grammar(fmt.json_schema.schema_), close_at_limit=True)
     return call_constraint(tools, choice, parallel=parallel)
 
 
