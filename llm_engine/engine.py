@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from llm_engine.batch import DecodeRow, StepDecoder
+from llm_engine.families import UNKNOWN, Family
 from llm_engine.generation import Generation
 from llm_engine.kv_cache import MIN_SHARED_PREFIX, SlotTable, StaticKVCache, common_prefix_len
 from llm_engine.model import Transformer
@@ -72,6 +73,7 @@ class Engine:
         native: str = "auto",
         kv_dtype: torch.dtype | None = None,
         prefix_cache: bool = True,
+        family: Family = UNKNOWN,
     ) -> None:
         """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
         for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only).
@@ -82,6 +84,7 @@ class Engine:
         a new request copies the longest prompt prefix another idle slot holds instead of computing it."""
         self.model = model
         self.tokenizer = tokenizer
+        self.family = family  # what the rest of Parley must know of this model (llm_engine.families)
         self.device = next(model.parameters()).device
         cfg = model.cfg
         self.max_seq_len = max_seq_len or model.max_seq_len
@@ -156,7 +159,7 @@ class Engine:
                     self_draft=self_draft, kv_cache=kv_cache)  # fmt: skip
         engine = cls(
             p.model, p.tokenizer, max_slots=max_slots, max_seq_len=max_seq_len, draft=p.draft,
-            cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype, prefix_cache=prefix_cache,
+            cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype, prefix_cache=prefix_cache, family=p.family,
         )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine

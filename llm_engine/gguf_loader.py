@@ -19,7 +19,7 @@ import torch
 
 from llm_engine.config import ARCHITECTURES, ModelConfig, RopeScaling
 
-CONVERTER_VERSION = 3  # bump when the conversion changes, so stale caches are rebuilt
+CONVERTER_VERSION = 4  # bump when the conversion changes, so stale caches are rebuilt
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -113,6 +113,8 @@ def convert_gguf(gguf_path: Path, out: Path, *, progress: bool = True, weights: 
                 state[hf_name(t.name, cfg.architecture)] = dequantized(t, cfg)
         save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    names = {k: reader.fields.get(f"general.{k}") for k in ("name", "basename", "size_label")}
+    (out / "model_name.json").write_text(json.dumps({k: v for k, v in names.items() if isinstance(v, str)}))  # families.py
     save_tokenizer(gguf_path, out, cfg.architecture)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from llm_engine.families import Family, family_of_folder
 from llm_engine.fuse import fuse_projections
 from llm_engine.loader import DTYPES, load_gguf_quantized, load_model, resolve_dtype
 from llm_engine.model import Transformer
@@ -37,6 +38,7 @@ class Prepared:
     tokenizer: Tokenizer
     draft: Transformer | None
     kv_dtype: torch.dtype
+    family: Family
 
 
 def prepare(
@@ -72,4 +74,4 @@ def prepare(
     for m in (model, draft):
         if m is not None:
             fuse_projections(m)  # after quantization: GGUF blocks are matched by their unfused names
-    return Prepared(model, Tokenizer.from_folder(folder), draft, kv_dtype)
+    return Prepared(model, Tokenizer.from_folder(folder), draft, kv_dtype, family_of_folder(Path(folder)))

@@ -14,6 +14,7 @@ from typing import Any
 from llm_engine.constrain import Constraint
 from llm_engine.engine import ChatMessage, ErrorEvent, FinishEvent, GenerateRequest, SamplingParams, TokenEvent
 from llm_engine.tool_format import ToolSpec
+from voice.turn_policy import TEXT_EVEN_ODDS
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,12 @@ class LlmBridge:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+
+    @property
+    def text_even_odds(self) -> float:
+        """The end-of-turn probe's even-odds point for this model (llm_engine.families; voice.turn_policy reads it)."""
+        family = getattr(self.engine, "family", None)
+        return family.text_even_odds if family is not None else TEXT_EVEN_ODDS
 
     def generate(
         self,

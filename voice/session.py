@@ -204,8 +204,11 @@ class Session:
 
     @staticmethod
     def _usable(turns: TurnPolicy, stages: Stages) -> TurnPolicy:
-        """`turns` as these stages can run it: a remote LLM gives no text signal to wait for."""
-        return turns if getattr(stages.llm, "probes_user_end", True) else turns.without_text()
+        """`turns` as these stages can run it: the text signal read at its own LLM's even odds; a remote LLM gives
+        none to wait for."""
+        if not getattr(stages.llm, "probes_user_end", True):
+            return turns.without_text()
+        return replace(turns, text_even_odds=getattr(stages.llm, "text_even_odds", turns.text_even_odds))
 
     def cancel_reply(self) -> None:
         self.apply(self.turns.cancel())

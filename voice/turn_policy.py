@@ -13,7 +13,8 @@ DETECTIONS = ("fixed", "smart_turn", "text", "combined")
 INTERRUPTS_BY = ("words", "duration")
 
 # The engine's text signal is P(the user's text could end right after its last word). On the pause corpus a half
-# sentence scores ~0.01 and a whole request ~0.45 (medians): this value counts as even odds of a finished turn.
+# sentence scores ~0.01 and a whole request ~0.45 (medians) with SmolLM2-135M: this value counts as even odds of a
+# finished turn. Each model's own comes from its family record (llm_engine.families), through the LLM stage.
 TEXT_EVEN_ODDS = 0.03
 # The audio model's scores seen on the turn corpus (454 checks, five voices) lay within this range (0.0067-0.9897):
 # a text probability that gives the same wait at both ends of it needs no audio model (audio_can_change).
@@ -36,6 +37,7 @@ class TurnPolicy:
     sure_prob: float = 0.8
     unsure_prob: float = 0.5
     audio_weight: float = 0.25  # combined: the audio model's log-odds count this much beside the text's
+    text_even_odds: float = TEXT_EVEN_ODDS  # the text probe's even odds: the LLM's own (Session._usable sets it)
     # Speech under a reply (or right after an endpoint) holds the reply, and what it said decides: "words" stops the
     # reply only for a real interruption (voice.interjection); "duration" for any speech of barge_in_min_speech_ms.
     interrupt_by: str = "words"
@@ -76,7 +78,7 @@ class TurnPolicy:
         """P(the turn is complete) from the signals this detection uses; None when none of them is known."""
         log_odds, known = 0.0, False
         if self.uses_text and text_prob is not None:
-            log_odds += math.log(max(text_prob, 1e-12) / TEXT_EVEN_ODDS)
+            log_odds += math.log(max(text_prob, 1e-12) / self.text_even_odds)
             known = True
         if self.uses_audio and audio_prob is not None:
             p = min(max(audio_prob, 1e-6), 1 - 1e-6)

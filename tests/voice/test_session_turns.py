@@ -169,3 +169,19 @@ def test_a_detection_that_needs_the_audio_model_refuses_a_session_without_it() -
     settings = dataclasses.replace(h.settings, turns=TurnPolicy(detection="combined"))
     with pytest.raises(ValueError, match="audio turn model"):
         Session("s2", h.stages, settings, PERSONAS, "assistant")
+
+
+def test_the_text_probe_is_read_at_the_llms_own_even_odds() -> None:
+    """Each model's probe has its own calibration (llm_engine.families): the session takes its LLM's, not SmolLM2's."""
+    from llm_engine.families import family_of
+
+    engine = FakeEngine()
+    engine.family = family_of("Qwen2.5-Coder", "1.5B")  # type: ignore[attr-defined]
+    h = Harness(engine=engine, turns=TurnPolicy(detection="text"))
+    plain = Harness(turns=TurnPolicy(detection="text"))
+    try:
+        assert h.session.settings.turns.text_even_odds == engine.family.text_even_odds != TurnPolicy().text_even_odds  # type: ignore[attr-defined]
+        assert plain.session.settings.turns.text_even_odds == TurnPolicy().text_even_odds
+    finally:
+        h.engine.stop()
+        plain.engine.stop()
