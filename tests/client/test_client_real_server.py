@@ -31,9 +31,10 @@ OUT_RATE = 44100  # the fake speaker's rate: the client resamples the server's 2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ParleyProcess]:
-    """`parley serve` with the shipped config; a restart comes back on the same port, where the client looks."""
+    """`parley serve` with the shipped config (the LLM the 135M: these tests are about the client); a restart comes
+    back on the same port, where the client looks."""
     root = tmp_path_factory.mktemp("parley-server")
-    proc = ParleyProcess(root / "server.log", sets=(f"server.trace_log={root / 'traces.jsonl'}",))
+    proc = ParleyProcess(root / "server.log", sets=(f"server.trace_log={root / 'traces.jsonl'}", "models.llm.source=embedded-135m"))
     proc.start()
     try:
         yield proc
