@@ -40,6 +40,10 @@ class Constraint:
     # Near the reply's token limit, steer it to where the grammar is complete (Guide.forced, Guide.vet): the reply
     # then parses even when cut. Off for tool calls: a call cut short is dropped rather than run on a guess.
     close_at_limit: bool = False
+    # Literal texts of the grammar (written as lark strings) that a tokenizer may hold as one added token, as Qwen2.5's
+    # <tool_call>: the grammar library reads such a token as a token, not as its text, so where the tokenizer has it
+    # the literal becomes that token (Guide.__init__; bound_markers)
+    markers: tuple[str, ...] = ()
 
 
 def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
@@ -78,6 +82,18 @@ def _ll_tokenizer(tokenizer: Tokenizer) -> Any:
     return llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=tokenizer.vocab_size, eos_token=sorted(tokenizer.stop_ids))
 
 
+def bound_markers(constraint: Constraint, tokenizer: Tokenizer) -> str:
+    """The constraint's grammar with each marker literal the tokenizer holds as one added token written as that token
+    (`<[id]>`): the model writes the marker as its token, and the grammar must take it."""
+    grammar = constraint.grammar
+    added = tokenizer.hf.added_tokens_decoder
+    for marker in constraint.markers:
+        ids = tokenizer.encode(marker)
+        if len(ids) == 1 and ids[0] in added:
+            grammar = grammar.replace(json.dumps(marker), f"<[{ids[0]}]>")
+    return grammar
+
+
 def warm(tokenizer: Tokenizer) -> None:
     """Build the tokenizer's llguidance view now (e.g. at server start) rather than on the first constrained request."""
     _ll_tokenizer(tokenizer)
@@ -93,7 +109,7 @@ class Guide:
         self.active = constraint.trigger is None  # masking now
         self.dead = False  # the text after the trigger broke the grammar: free text from there on
         self._seen = ""  # output text while waiting for the trigger
-        self.matcher = _lib().LLMatcher(_ll_tokenizer(tokenizer), constraint.grammar)
+        self.matcher = _lib().LLMatcher(_ll_tokenizer(tokenizer), bound_markers(constraint, tokenizer))
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         words = (tokenizer.vocab_size + 31) // 32

@@ -19,6 +19,9 @@ class Family:
     # absolute value bench.turns tuned end to end with the audio model (docs/turn-taking.md)
     text_even_odds: float
     calibrated: bool = True  # False: a model nobody measured; the probe is read with the default calibration
+    # Whether it calls tools when offered them (tool_choice auto), as bench.tools_default measured; None: unmeasured,
+    # offered where its chat template renders tools (parley.tool_offer)
+    calls_tools: bool | None = None
 
 
 # (basename prefix, size label or "" for any) -> family. bench.text_probe, 2 cores, the assistant persona:
@@ -26,7 +29,9 @@ class Family:
 # first halves' 0.008 / 0.011 / 0.005
 _KNOWN: tuple[tuple[str, str, Family], ...] = (
     ("smollm2", "", Family("SmolLM2", 0.03)),
-    ("qwen2.5", "0.5B", Family("Qwen2.5 0.5B", 0.03 * 0.0501 / 0.0462)),
+    # bench.tools_default: the right tool 0 of 20 times under tool_choice auto (it writes the call's JSON without the
+    # <tool_call> tags its template asks for, or claims the action in words); forced calls are valid by the grammar
+    ("qwen2.5", "0.5B", Family("Qwen2.5 0.5B", 0.03 * 0.0501 / 0.0462, calls_tools=False)),
     ("qwen2.5", "1.5B", Family("Qwen2.5 1.5B", 0.03 * 0.0684 / 0.0462)),
 )
 UNKNOWN = Family("unmeasured", 0.03, calibrated=False)

@@ -50,7 +50,7 @@ def call_constraint(tools: Sequence[ToolSpec], choice: str, *, parallel: bool = 
         grammar = check_grammar(f"start: {start}\nbody: %json {json.dumps(schema)}\n")
     except GrammarError as exc:
         raise GrammarError(f"the tools' schemas do not compile: {exc}") from None
-    return Constraint(grammar, trigger=CALL_OPEN if choice == "auto" else None)
+    return Constraint(grammar, trigger=CALL_OPEN if choice == "auto" else None, markers=(CALL_OPEN, CALL_CLOSE))
 
 
 def _lark(text: str) -> str:

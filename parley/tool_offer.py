@@ -31,6 +31,10 @@ def llm_tool_support(llm: Any) -> ToolSupport:
     tokenizer = getattr(getattr(llm, "engine", None), "tokenizer", None)
     if tokenizer is None:
         return ToolSupport(False, "this process runs no LLM of its own")
+    family = getattr(getattr(llm, "engine", None), "family", None)
+    if getattr(tokenizer, "template_lists_tools", False) and getattr(family, "calls_tools", None) is False:
+        return ToolSupport(False, f"the LLM's chat template renders tools, but {family.name} was measured not to call "
+                                  "them (llm_engine/families.py): list them under the persona's tools: to offer them anyway")  # fmt: skip
     if getattr(tokenizer, "template_lists_tools", False):
         return ToolSupport(True, "the LLM's chat template renders tools")
     return ToolSupport(False, "the LLM's chat template does not render tools (a model not trained to call them, as the "

@@ -194,3 +194,27 @@ def test_a_name_forces_that_tool_and_auto_lets_text_through(tiny_chat_model, smo
     assert [c.name for c in calls] == ["beta"] and isinstance(json.loads(calls[0].arguments)["x"], int)
     _, text, fin = auto.collect()
     assert fin.reason == "length" and "<tool_call>" not in text
+
+
+def test_a_marker_the_tokenizer_holds_as_one_token_is_taken_as_that_token() -> None:
+    """Qwen2.5 writes <tool_call> as its one added token (151657), which the grammar library reads as a token, not as
+    the text: a forced call's grammar takes the token (before, a forced call on the default model failed at its
+    first token), and a tokenizer without it keeps the text."""
+    from llm_engine.constrain import Guide, bound_markers
+    from llm_engine.gguf_loader import prepare_gguf
+    from llm_engine.tokenizer import Tokenizer
+    from parley.locate import find_embedded
+
+    qwen = Tokenizer.from_folder(prepare_gguf(find_embedded("llm", "embedded-0.5b"), weights=False))
+    tools = [ToolSpec("current_time", parameters='{"type": "object", "properties": {}, "required": []}')]
+    constraint = call_constraint(tools, "required")
+    assert constraint is not None and '"<tool_call>"' in constraint.grammar
+    bound = bound_markers(constraint, qwen)
+    assert "<[151657]>" in bound and "<[151658]>" in bound and '"<tool_call>"' not in bound
+    guide = Guide(qwen, constraint)
+    call = [151657, *qwen.encode('\n{"name": "current_time", "arguments": {}}\n'), 151658]
+    for token in call:
+        guide.accept(token, qwen.decode([token]))  # raises where the grammar refuses a token
+    assert guide.matcher.is_accepting()
+    smol = Tokenizer.from_folder(prepare_gguf(find_embedded("llm", "embedded-135m"), weights=False))
+    assert bound_markers(constraint, smol) == constraint.grammar

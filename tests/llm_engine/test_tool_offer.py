@@ -88,6 +88,18 @@ def test_the_same_family_with_a_template_without_tools_gets_none(tiny_engine, fa
     assert not support.can_call and all(v == [] for v in offered(support).values())
 
 
+def test_a_model_measured_not_to_call_tools_gets_none_though_its_template_renders_them(tiny_engine) -> None:
+    """The default Qwen2.5-Coder-0.5B's template renders tools, but bench.tools_default measured it calling the right
+    one 0 of 20 times: its family record says so, and `tools: auto` offers it none (a listed set still goes)."""
+    from llm_engine.families import family_of
+
+    engine = tiny_engine("qwen2", with_tools=True)
+    engine.family = family_of("Qwen2.5-Coder", "0.5B")
+    support = llm_tool_support(LlmBridge(engine))
+    assert not support.can_call and "Qwen2.5 0.5B was measured not to call them" in support.why
+    assert all(v == [] for v in offered(support).values())
+
+
 def test_the_embedded_model_gets_none_and_the_reason_says_why(smol_engine) -> None:
     support = llm_tool_support(LlmBridge(smol_engine))
     assert not support.can_call and "does not render tools" in support.why
