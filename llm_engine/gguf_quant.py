@@ -25,7 +25,7 @@ from torch import nn
 
 from llm_engine.config import ModelConfig
 from llm_engine.gguf_blocks import GGUF_GROUP, unpack_q8_0
-from llm_engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, Scheme
+from llm_engine.quantize import Int4WeightOnlyLinear, Int8Head, Int8WeightOnlyLinear, Scheme
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 Q4_0_BLOCK_BYTES = 18  # fp16 d, 16 bytes of nibbles
@@ -110,7 +110,8 @@ def read_quantized_linears(gguf_path: str | Path, scheme: Scheme, *, use_kernel:
     return read_gguf(gguf_path, scheme, use_kernel=use_kernel, floats=False).layers
 
 
-def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True, floats: bool = True, reader: Any = None) -> GgufWeights:
+def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True, floats: bool = True, reader: Any = None,
+              int8: dict[str, torch.Tensor] | None = None) -> GgufWeights:
     """One pass over a GGUF: the quantized layers the scheme takes as stored, and (floats) every other tensor
     dequantized, so a quantized model is built without a float copy of its 4-bit projections.
 
@@ -118,6 +119,8 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
     (per-channel requantized). Other pairs are left to quantize_model, from the float weights. The output head
     ("lm_head": the output tensor, or the embedding of a tied model) is taken as int4 when the file stores it in 4 bits: its author chose that; otherwise
     quantize_model gives it int8 (Q8_0 and Q6_K heads, as most files have).
+    int8: {path.qweight, path.scales} of int8 layers an earlier load made from this file (loader.INT8_CACHE): taken
+    as they are instead of requantized (the head among them).
     """
     from gguf import GGMLQuantizationType
 
@@ -154,6 +157,11 @@ def read_gguf(gguf_path: str | Path, scheme: Scheme, *, use_kernel: bool = True,
             if records is not None:
                 layer.kblocks = torch.from_numpy(fix(records).copy())
             out.layers[path] = layer
+        elif int8 is not None and f"{path}.qweight" in int8:
+            kind8 = Int8Head if path == "lm_head" else Int8WeightOnlyLinear
+            # copies: tensors read by safetensors share one buffer at unaligned offsets, where torch's int8 pack kernel
+            # faults (seen: a segmentation fault on the first matmul)
+            out.layers[path] = kind8(int8[f"{path}.qweight"].clone(), int8[f"{path}.scales"].clone(), None, use_kernel=use_kernel)
         elif path in wide:
             out.layers[path] = Int8WeightOnlyLinear.from_float(dequantized(t, cfg), use_kernel=use_kernel)
         elif path and path != "lm_head" and scheme == "int8" and t.tensor_type == GGMLQuantizationType.Q8_0:

@@ -106,7 +106,9 @@ def load_gguf_quantized(
     reader = GgufFile(path)  # parsed once, for its config and tokenizer (the first load) and its weights
     folder = prepare_gguf(path, weights=False, reader=reader)
     rest = folder / f"rest-{scheme}.safetensors"
-    weights = read_gguf(path, scheme, floats=not rest.exists(), reader=reader)  # type: ignore[arg-type]
+    made = folder / int8_cache_name(scheme)
+    int8 = load_file(str(made)) if made.exists() else None
+    weights = read_gguf(path, scheme, floats=not rest.exists(), reader=reader, int8=int8)  # type: ignore[arg-type]
     if rest.exists():
         weights.floats = load_file(str(rest))
     else:
@@ -117,6 +119,28 @@ def load_gguf_quantized(
     supplied = frozenset(f"{p}.weight" for p in weights.layers)
     model = build_model(weights.cfg, state, max_seq_len=max_seq_len, dtype=resolve_dtype(dtype), device=device, supplied=supplied)
     return model, folder, weights.layers
+
+
+def int8_cache_name(scheme: str) -> str:
+    """The file beside a GGUF's converted config that keeps the int8 layers a load made under `scheme` (the file's
+    wider projections and the head, requantized per channel: ~70 % of the 0.5B's load), so later loads read them."""
+    return f"int8-{scheme}.safetensors"
+
+
+def save_int8_layers(model: Transformer, folder: Path, scheme: str) -> None:
+    """After the first quantized load (before fusion): every int8 layer's codes and scales, by module path, once."""
+    from safetensors.torch import save_file
+
+    from llm_engine.quantize import Int8WeightOnlyLinear
+
+    out = folder / int8_cache_name(scheme)
+    if out.exists():
+        return
+    layers = {path: m for path, m in model.named_modules() if isinstance(m, Int8WeightOnlyLinear)}
+    tensors = {f"{p}.{k}": getattr(m, k).contiguous() for p, m in layers.items() for k in ("qweight", "scales")}
+    tmp = out.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.rename(out)  # atomic: a half-written file is never read
 
 
 def load_model(path: str | Path, *, max_seq_len: int, dtype: str = "float32", device: str = "cpu") -> tuple[Transformer, Path]:

@@ -13,7 +13,7 @@ import torch
 
 from llm_engine.families import Family, family_of_folder
 from llm_engine.fuse import fuse_projections
-from llm_engine.loader import DTYPES, load_gguf_quantized, load_model, resolve_dtype
+from llm_engine.loader import DTYPES, load_gguf_quantized, load_model, resolve_dtype, save_int8_layers
 from llm_engine.model import Transformer
 from llm_engine.quantize import SCHEMES, quantize_model
 from llm_engine.tokenizer import Tokenizer
@@ -56,13 +56,16 @@ def prepare(
     if quant not in SCHEMES:
         raise ValueError(f"quant must be one of {SCHEMES}, got {quant!r}")
     kv_dtype = resolve_kv_dtype(kv_cache, resolve_dtype(dtype), device)
-    if quant != "none" and Path(path).suffix == ".gguf" and (quant == "int8" or group_size == 32):
+    from_gguf = quant != "none" and Path(path).suffix == ".gguf" and (quant == "int8" or group_size == 32)
+    if from_gguf:
         # one pass over the file: blocks the scheme holds as they are become layers, the rest is dequantized
         model, folder, replacements = load_gguf_quantized(Path(path), quant, max_seq_len=max_seq_len, dtype=dtype, device=device)
     else:
         (model, folder), replacements = load_model(path, max_seq_len=max_seq_len, dtype=dtype, device=device), {}
     if quant != "none":
         quantize_model(model, quant, group_size=group_size, replacements=replacements)  # type: ignore[arg-type]
+    if from_gguf and device == "cpu":
+        save_int8_layers(model, Path(folder), quant)  # the next load reads them instead of requantizing
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
         raise ValueError(f"{Path(path).name}: no weights for {left[:3]} after loading")

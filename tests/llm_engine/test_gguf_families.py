@@ -132,6 +132,39 @@ def test_q5_0_loads_under_int4_as_int8_per_channel(models) -> None:
     assert 0 < err < 0.5 * four.abs().max() / want.abs().max()
 
 
+def test_a_second_load_reads_the_int8_layers_the_first_made(models, monkeypatch) -> None:
+    """The int8 layers a quantized load makes from a file (its wider projections and the head) are kept beside its
+    converted config: the next load takes them as they are, requantizes nothing, and gives the same logits."""
+    import torch
+
+    from llm_engine import quantize
+    from llm_engine.gguf_loader import cache_folder_for
+    from llm_engine.loader import int8_cache_name
+    from llm_engine.prepare import prepare
+
+    gguf, _ = models("qwen2", "Q5_0")
+    kept = cache_folder_for(gguf.resolve(), weights=False) / int8_cache_name("int4")
+    kept.unlink(missing_ok=True)
+    load = lambda: prepare(gguf, device="cpu", dtype="float32", max_seq_len=64, quant="int4", group_size=32,  # noqa: E731
+                           self_draft="none", kv_cache="float32").model  # fmt: skip
+    from llm_engine.kv_cache import StaticKVCache
+
+    def logits(model) -> torch.Tensor:
+        c = model.cfg
+        cache = StaticKVCache(c.num_layers, 1, c.num_kv_heads, 64, c.head_dim, dtype=torch.float32)
+        return model(torch.tensor([[5, 9, 12, 3]]), torch.arange(4)[None], cache, [0])
+
+    first = logits(load())
+    assert kept.exists()
+    calls = []
+    real = quantize.Int8WeightOnlyLinear.from_float.__func__
+    monkeypatch.setattr(quantize.Int8WeightOnlyLinear, "from_float",
+                        classmethod(lambda cls, *a, **k: calls.append(cls) or real(cls, *a, **k)))  # fmt: skip
+    second = load()
+    assert calls == [] and isinstance(second.lm_head, quantize.Int8Head)
+    assert torch.equal(logits(second), first)
+
+
 def test_wide_types_stay_int8_unless_a_fusion_partner_is_4_bit() -> None:
     """q/k/v and gate/up are fused into one layer of one kind: a Q6_K v beside Q4_K q and k is requantized to 4 bits
     with them; a Q6_K down_proj, or q/k/v all wider than 4 bits (Gemma 3 270M: Q5_0, Q5_0, Q8_0), stays int8."""
