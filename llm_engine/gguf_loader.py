@@ -19,7 +19,7 @@ import torch
 
 from llm_engine.config import ARCHITECTURES, ModelConfig, RopeScaling
 
-CONVERTER_VERSION = 4  # bump when the conversion changes, so stale caches are rebuilt
+CONVERTER_VERSION = 4  # bump when the conversion or the int8 layers a load keeps (loader.save_int8_layers) change
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
