@@ -190,9 +190,10 @@ def test_embedded_int8_cache_keeps_the_float16_greedy_reply(smol, turns: int) ->
     with exact_float(model):
         worst_cos, worst_compiled = greedy_against_float16(model, prompt, half, coded, compiled)
     assert worst_cos > 0.999, worst_cos
-    # Measured: mostly < 1e-3, 0.02 where a float32 key ~1e-7 off the eager one rounds to the next code (int8
-    # against float16 itself moves the logits by ~0.2-0.35).
-    assert worst_compiled < 0.05, worst_compiled
+    # Measured: mostly < 1e-3, 0.02 where a float32 key ~1e-7 off the eager one rounds to the next code, and 0.074
+    # (the same prompt, 2026-12-07, on an AVX-512 and an AVX2-only machine alike, at the commit that set 0.05 too):
+    # a key one code away moves a logit by up to that much. int8 against float16 itself moves them ~0.2-0.35.
+    assert worst_compiled < 0.1, worst_compiled
 
 
 def greedy_against_float16(model: Transformer, prompt: list[int], half: StaticKVCache, coded: StaticKVCache,
