@@ -110,7 +110,9 @@ def load_gguf_quantized(
     int8 = load_file(str(made)) if made.exists() else None
     weights = read_gguf(path, scheme, floats=not rest.exists(), reader=reader, int8=int8)  # type: ignore[arg-type]
     if rest.exists():
-        weights.floats = load_file(str(rest))
+        # not the float copy of a head the int8 layers already hold (the 0.5B's: 545 MB read for nothing each start)
+        with safe_open(str(rest), framework="pt") as f:
+            weights.floats = {k: f.get_tensor(k) for k in f.keys() if not (k == "lm_head.weight" and "lm_head" in weights.layers)}
     else:
         tmp = rest.with_suffix(".tmp")
         save_file(weights.floats, str(tmp))
