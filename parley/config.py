@@ -198,6 +198,9 @@ class ServerConfig(_Strict):
     # (what the measured sessions cost on average, at most a heavy session's 1 / sessions_per_core) against the cores;
     # it replaces the sessions_per_core count and the voice-to-voice rule (false: those two, as before)
     admit_cost_model: bool = True
+    # ... and the engine apart: the sessions' shares of its wall time plus a newcomer's against this part of it (one
+    # serial resource: a model whose steps cost more fills it before the cores; 0: not priced apart)
+    admit_engine_share: float = Field(0.8, ge=0, le=1)
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
     # `parley serve` loads every stage its sessions use, whatever this says

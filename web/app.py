@@ -120,6 +120,8 @@ def create_app(
                 cost = state.cost_model()
                 body["committed_cores"] = round(cost.committed(state.session_loads()), 3)
                 body["cores"] = cost.cores
+                body["committed_engine"] = round(cost.committed_engine(state.engine_loads()), 3)  # of its wall time
+                body["engine_share"] = cost.engine_share
             if state.runtime.threads is not None:
                 body["threads"] = state.runtime.threads.__dict__
         return JSONResponse(body, status_code=200 if loaded else 503)

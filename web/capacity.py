@@ -11,6 +11,12 @@ not yet measured counts as a heavy one (`session_cores`, from bench/load.py's me
 burst of arrivals cannot overshoot before anything is known; a measured one counts as what it really costs, so
 listeners and readers leave room that talkers would not. A newcomer is expected to cost what the measured sessions
 here cost on average (never more than a heavy one): among users who mostly listen, a new one is priced as one of them.
+
+The engine is priced apart as well: it is one serial resource (a step's thread team only spreads that step), so a
+model whose steps cost more fills it long before the cores are (the 0.5B default under churn: the engine busy all
+the time, replies 22 s late, while the sessions' core loads still left room). Each session's share of the engine's
+wall time, averaged the same way, summed with a newcomer's against `engine_share` of it; a session not measured yet
+counts as a heavy one's part of the engine, the same part of it as a heavy one's of the cores.
 """
 from __future__ import annotations
 
@@ -69,29 +75,63 @@ class CostModel:
     cores: float  # what committed work may fill
     session_cores: float  # a not yet measured session's load, and a newcomer's at most: a heavy one
     tau_s: float = 10.0  # the meter's averaging time: how fast a finished talker's load fades
+    engine_share: float = 0.0  # of the engine's wall time, what committed steps may fill (0: not priced apart)
+
+    @property
+    def session_engine(self) -> float:
+        """A heavy session's share of the engine: the same part of what the engine may fill as of the cores."""
+        return self.engine_share * self.session_cores / self.cores if self.cores > 0 else self.engine_share
 
     def committed(self, loads: Mapping[str, float | None]) -> float:
-        return sum(self.session_cores if load is None else load for load in loads.values())
+        return _committed(loads, self.session_cores)
+
+    def committed_engine(self, engine: Mapping[str, float | None]) -> float:
+        return _committed(engine, self.session_engine)
 
     def newcomer(self, loads: Mapping[str, float | None]) -> float:
         """What one more session is expected to cost: what the measured sessions here cost on average (users who
         mostly listen leave room for more of their kind), never more than a heavy one; a heavy one while none is
         measured."""
-        measured = [load for load in loads.values() if load is not None]
-        return min(self.session_cores, sum(measured) / len(measured)) if measured else self.session_cores
+        return _newcomer(loads, self.session_cores)
 
-    def refusal(self, loads: Mapping[str, float | None]) -> Refusal | None:
-        """Why one more session would push committed work past the cores (and when to try again), or None."""
+    def refusal(self, loads: Mapping[str, float | None],
+                engine: Mapping[str, float | None] | None = None) -> Refusal | None:  # fmt: skip
+        """Why one more session would push committed work past the cores or the engine's share (and when to try
+        again), or None. `engine`: each session's share of the engine's wall time (None: not measured yet)."""
         if not loads:
             return None  # an empty server always takes one
-        committed, newcomer = self.committed(loads), self.newcomer(loads)
-        if committed + newcomer <= self.cores + 1e-9:
+        over = self._over(loads, self.cores, self.session_cores)
+        if over is not None:
+            committed, newcomer, retry_ms = over
+            return Refusal(
+                f"the {len(loads)} sessions here keep {committed:.2f} of {self.cores:g} cores busy; another "
+                f"(~{newcomer:.2f}) would pass what the cores can do", retry_ms)  # fmt: skip
+        if engine and self.engine_share > 0:
+            over = self._over(engine, self.engine_share, self.session_engine)
+            if over is not None:
+                committed, newcomer, retry_ms = over
+                return Refusal(
+                    f"the {len(engine)} sessions here keep the language model busy {committed:.0%} of the time; "
+                    f"another (~{newcomer:.0%}) would pass the {self.engine_share:.0%} it can give and keep replies "
+                    "in time", retry_ms)  # fmt: skip
+        return None
+
+    def _over(self, loads: Mapping[str, float | None], capacity: float,
+              heavy: float) -> tuple[float, float, int] | None:  # fmt: skip
+        """(committed, a newcomer's price, when to retry in ms) when one more would pass `capacity`, else None."""
+        committed, newcomer = _committed(loads, heavy), _newcomer(loads, heavy)
+        if committed + newcomer <= capacity + 1e-9:
             return None
         # if the excess stopped now, the average would fall below the room a newcomer needs after about:
-        room = max(self.cores - newcomer, 1e-3)
+        room = max(capacity - newcomer, 1e-3)
         retry_s = self.tau_s * math.log(max(committed / room, 1.0 + 1e-3))
-        return Refusal(
-            f"the {len(loads)} sessions here keep {committed:.2f} of {self.cores:g} cores busy; another "
-            f"(~{newcomer:.2f}) would pass what the cores can do",
-            int(min(max(1000.0, 1000.0 * retry_s), 60_000.0)),
-        )
+        return committed, newcomer, int(min(max(1000.0, 1000.0 * retry_s), 60_000.0))
+
+
+def _committed(loads: Mapping[str, float | None], heavy: float) -> float:
+    return sum(heavy if load is None else load for load in loads.values())
+
+
+def _newcomer(loads: Mapping[str, float | None], heavy: float) -> float:
+    measured = [load for load in loads.values() if load is not None]
+    return min(heavy, sum(measured) / len(measured)) if measured else heavy

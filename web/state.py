@@ -30,6 +30,7 @@ class AppState:
     pending: dict[Any, None] = field(default_factory=dict)  # ws.Connection without a session yet, oldest first
     live: set[Any] = field(default_factory=set)  # every ws.Connection
     meter: LoadMeter = field(default_factory=LoadMeter)  # each session's measured load (admission's cost model)
+    engine_meter: LoadMeter = field(default_factory=LoadMeter)  # each session's share of the engine's wall time
     telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
 
     @property
@@ -77,7 +78,8 @@ class AppState:
             why = self.admission().refusal(n, wait_ms, self.metrics.recent_v2v_p95())
             return None if why is None else Refusal(why, 5000)
         cost = self.cost_model()
-        full = cost.refusal(self.session_loads())
+        now_s = time.monotonic()
+        full = cost.refusal(self.session_loads(now_s), self.engine_loads(now_s))
         if full is not None:
             return full
         why = Admission(0, server.admit_max_wait_ms).refusal(n, wait_ms)  # the machine behind now: catching up
@@ -87,13 +89,23 @@ class AppState:
         server = self.cfg.server
         cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
         heavy = 1.0 / server.sessions_per_core if server.sessions_per_core > 0 else cores / server.max_sessions
-        return CostModel(float(cores), heavy, self.meter.tau_s)
+        return CostModel(float(cores), heavy, self.meter.tau_s, server.admit_engine_share)
 
     def session_loads(self, now_s: float | None = None) -> dict[str, float | None]:
         """Each live session's load in cores (None: not measured long enough), from the busy time its engine steps
         and stage jobs took."""
-        engine_busy = dict(getattr(self.runtime.engine, "busy_s", {}) if self.runtime is not None else {})
+        engine_busy = self._engine_busy()
         runner = self.runtime.stages.runner if self.runtime is not None else None
         stage_busy = dict(getattr(runner, "busy_s", {}))
         busy = {sid: engine_busy.get(sid, 0.0) + stage_busy.get(sid, 0.0) for sid in self.sessions}
         return self.meter.observe(busy, time.monotonic() if now_s is None else now_s, time.process_time())
+
+    def engine_loads(self, now_s: float | None = None) -> dict[str, float | None]:
+        """Each live session's share of the engine's wall time (None: not measured long enough). Not scaled to the
+        process's CPU time: a step a shared core stretched kept the others' steps waiting all the same."""
+        engine_busy = self._engine_busy()
+        busy = {sid: engine_busy.get(sid, 0.0) for sid in self.sessions}
+        return self.engine_meter.observe(busy, time.monotonic() if now_s is None else now_s)
+
+    def _engine_busy(self) -> dict[str, float]:
+        return dict(getattr(self.runtime.engine, "busy_s", {}) if self.runtime is not None else {})

@@ -115,3 +115,35 @@ def test_sessions_not_measured_yet_still_count_as_heavy_among_light_ones() -> No
     loads: dict[str, float | None] = {**{f"u{i}": 0.1 for i in range(14)}, "new1": None, "new2": None, "new3": None}
     assert model.committed(loads) == pytest.approx(1.4 + 3 * HEAVY)  # at the average it would be 1.7: room for more
     assert model.refusal(loads) is not None
+
+
+def test_sessions_that_fill_the_engine_are_refused_while_the_cores_have_room() -> None:
+    # A model whose steps cost more (the 0.5B default under churn): the sessions' core loads leave room, but the
+    # engine, one serial resource, is busy 78% of the time; a newcomer at their average (6.5%) passes the 80% it may fill.
+    model = CostModel(cores=2.0, session_cores=HEAVY, engine_share=0.8)
+    cores = {f"u{i}": 0.1 for i in range(12)}  # 1.2 of 2 cores
+    engine = {f"u{i}": 0.065 for i in range(12)}
+    refusal = model.refusal(cores, engine)
+    assert refusal is not None and "language model busy 78% of the time" in refusal.reason
+    assert "another (~6%)" in refusal.reason or "another (~7%)" in refusal.reason
+    assert 1000 <= refusal.retry_after_ms <= 60_000
+    assert model.refusal(cores) is None  # the cores alone: room
+    assert CostModel(cores=2.0, session_cores=HEAVY).refusal(cores, engine) is None  # engine not priced apart: room
+    lighter = {k: 0.05 for k in engine}  # 60% + 5%: fits
+    assert model.refusal(cores, lighter) is None
+
+
+def test_unmeasured_sessions_count_as_a_heavy_part_of_the_engine() -> None:
+    # A heavy session's part of the engine is its part of the cores (1/8 of what each may fill): a burst of
+    # unmeasured arrivals stops at the same eight whichever resource counts it.
+    model = CostModel(cores=2.0, session_cores=HEAVY, engine_share=0.8)
+    assert model.session_engine == pytest.approx(0.1)
+    engine_meter, core_meter = LoadMeter(), LoadMeter()
+    busy: dict[str, float] = {}
+    admitted = 0
+    for i in range(12):
+        if model.refusal(core_meter.observe(busy, 0.5), engine_meter.observe(busy, 0.5)) is None:
+            busy[f"s{i}"] = 0.0
+            admitted += 1
+    assert admitted == 8
+    assert model.committed_engine({"a": None, "b": 0.3}) == pytest.approx(0.4)
