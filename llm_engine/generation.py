@@ -93,7 +93,8 @@ class Generation:
         Chunks let the scheduler interleave a long prompt with other requests' decode steps.
         prefill_ms counts this request's own forwards, not the decode steps interleaved between its chunks.
         A chunk of one token (the usual last one of a turn whose prompt the work ahead cached) runs through `step`,
-        the engine's decode forward (the compiled CPU step: ~4.5 ms against ~15 ms eager for SmolLM2-135M).
+        the engine's decode forward (the compiled CPU step: ~4.5 ms against ~15 ms eager for SmolLM2-135M), and so
+        does a short one (a few words heard ahead, a probe: batch.NATIVE_PREFILL_MAX) where the compiled step runs.
         """
         t0 = time.perf_counter()
         if not self._prefill_started:
@@ -114,8 +115,14 @@ class Generation:
         pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
         probe_row = self.probe[0] - start if self.probe is not None and start <= self.probe[0] < start + len(chunk) else None
         rows: Sequence[int] | str = "last" if probe_row is None else (probe_row, len(chunk) - 1)
+        want = [len(chunk) - 1] if probe_row is None else [probe_row, len(chunk) - 1]
+        fast = None
         if step is not None and len(chunk) == 1 and probe_row is None:
-            logits = step.decode([DecodeRow(slot, chunk[0], start)])[:, None]  # [1, 1, V]
+            fast = step.decode([DecodeRow(slot, chunk[0], start)])
+        elif step is not None:
+            fast = step.prefill(slot, chunk, start, want)
+        if fast is not None:
+            logits = fast[None]  # [1, 1 or 2, V]
         else:
             logits = model(tokens, pos, cache, [slot], rows, kv_len=start + len(chunk))  # [1, 1 or 2, V]
         if probe_row is not None and self.probe is not None:

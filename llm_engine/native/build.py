@@ -91,5 +91,7 @@ def load() -> ctypes.CDLL:
             lib.parley_decode.argtypes = [
                 ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
             ]
+            lib.parley_forward.restype = ctypes.c_int32
+            lib.parley_forward.argtypes = [*lib.parley_decode.argtypes, ctypes.c_int32]
             _loaded = lib
         return _loaded

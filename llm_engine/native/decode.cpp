@@ -1,4 +1,5 @@
 // One decode step of a Llama-family model on CPU, compiled: one token per row, float32 activations,
+// rows in slots of their own (a batched decode) or consecutive positions of one slot (a prompt's chunk),
 // weights as the Python layers hold them (float32, int8 per channel, int4 group-wise with minimums), a
 // KV cache of float32, float16 or int8 codes with a scale per head and position.
 //
@@ -177,8 +178,8 @@ void rotate(float* x, int d) {
 // row's own come from the cache (written in earlier steps), its own from `own`, in the cache's
 // precision, so a step sees the same key whether it was just computed or read back later.
 template <typename T>
-void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t* slots, Own& own, float* parts, int me,
-            int nt) {
+void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t* slots, bool chained, Own& own,
+            float* parts, int me, int nt, team::Barrier& sync) {
     const int d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, per_kv = hq / hkv, state = attention::state_size(d);
     const size_t slot_stride = (size_t)hkv * m.max_seq * d, layer_stride = (size_t)m.n_slots * slot_stride;
     const T* mine;
@@ -210,6 +211,8 @@ void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t*
                 m.v_scale[row] = own.kv_scale[(size_t)b * 2 * hkv + hkv + head];
             }
         }
+    // Rows of one slot (a chunk of a prompt) read the positions the rows before them store in this step.
+    if (chained) sync.wait();
     const int window = m.layers[l].window;
     for (int b = 0; b < rows; ++b) {
         // This row's positions [first, len): all of them, or under a sliding window the last `window`.
@@ -231,20 +234,21 @@ void attend(const PModel& m, int l, int rows, const int64_t* pos, const int64_t*
     }
 }
 
-}  // namespace
-
-extern "C" {
-
 // Error codes: 0 ok, 1 rows out of range, 2 token out of range, 3 position out of range, 4 slot out of
-// range.
-int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
-                      float* logits, int32_t threads) {
-    const PModel& m = *mp;
-    if (rows < 1 || rows > kMaxRows || rows > m.max_rows) return 1;
+// range, 5 rows of one slot not at consecutive positions.
+int32_t forward(const PModel& m, int32_t rows, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                float* logits, int32_t threads, int32_t head_from) {
+    if (rows < 1 || rows > kMaxRows || rows > m.max_rows || head_from < 0 || head_from > rows) return 1;
+    bool chained = false;
     for (int b = 0; b < rows; ++b) {
         if (tokens[b] < 0 || tokens[b] >= m.vocab) return 2;
         if (pos[b] < 0 || pos[b] >= m.max_seq) return 3;
         if (slots[b] < 0 || slots[b] >= m.n_slots) return 4;
+        for (int a = 0; a < b; ++a)
+            if (slots[a] == slots[b]) {
+                if (pos[b] != pos[b - 1] + 1 || slots[b - 1] != slots[b]) return 5;  // one run of positions a slot
+                chained = true;
+            }
     }
     const int hidden = m.hidden, d = m.head_dim, hq = m.n_heads, hkv = m.n_kv, inter = m.inter;
     const int qkv_width = (hq + 2 * hkv) * d, widest = std::max(std::max(hidden, hq * d), inter);
@@ -294,11 +298,11 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 std::memcpy(kv + hkv * d, src + (hq + hkv) * d, sizeof(float) * hkv * d);
             }
             if (m.kv_kind == KV_HALF)
-                attend<vec16::half>(m, l, rows, pos, slots, own, parts.data(), me, nt);
+                attend<vec16::half>(m, l, rows, pos, slots, chained, own, parts.data(), me, nt, sync);
             else if (m.kv_kind == KV_INT8)
-                attend<int8_t>(m, l, rows, pos, slots, own, parts.data(), me, nt);
+                attend<int8_t>(m, l, rows, pos, slots, chained, own, parts.data(), me, nt, sync);
             else
-                attend<float>(m, l, rows, pos, slots, own, parts.data(), me, nt);
+                attend<float>(m, l, rows, pos, slots, chained, own, parts.data(), me, nt, sync);
             sync.wait();
             for (int i = 0; i < rows * hq; ++i) {
                 const float* mine[64];
@@ -329,11 +333,35 @@ int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, con
                 add_normed(sub.data(), L.mlp_out_norm, m.eps, rows, hidden, x.data(), h, me, nt, sync);
             }
         }
-        norm_all(m.final_norm);
-        matvec::prepare(m.head, rows, h, own.in);
-        matvec::linear(m.head, rows, own.in, logits, m.vocab, false, sync);
+        const int out = rows - head_from;  // the rows whose logits are asked for: the last ones
+        if (out > 0) {
+            float* hh = h + (size_t)head_from * hidden;
+            for (int b = head_from; b < rows; ++b) rms_norm(&x[(size_t)b * hidden], m.final_norm, m.eps, hidden, h + (size_t)b * hidden);
+            matvec::prepare(m.head, out, hh, own.in);
+            matvec::linear(m.head, out, own.in, logits, m.vocab, false, sync);
+        }
     }
     return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// One token per row, each row in its own slot: logits [rows, vocab].
+int32_t parley_decode(const PModel* mp, int32_t rows, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                      float* logits, int32_t threads) {
+    for (int b = 0; b < rows && b < kMaxRows; ++b)
+        for (int a = 0; a < b; ++a)
+            if (slots[a] == slots[b]) return 4;
+    return forward(*mp, rows, tokens, pos, slots, logits, threads, 0);
+}
+
+// Rows in slots of their own or runs of consecutive positions of one slot (a prompt's chunk, a draft to check);
+// logits [rows - head_from, vocab] for the last rows only (a chunk wants its last row's, or none: head_from = rows).
+int32_t parley_forward(const PModel* mp, int32_t rows, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                       float* logits, int32_t threads, int32_t head_from) {
+    return forward(*mp, rows, tokens, pos, slots, logits, threads, head_from);
 }
 
 }  // extern "C"

@@ -1,8 +1,9 @@
 """The compiled CPU decode step: a llm_engine.batch.Decoder, decode(tokens, positions, slots).
 
 It describes the model to decode.cpp once (pointers into the model's own tensors and the KV cache, no
-copies) and then runs each step as one foreign call, which releases the GIL. Prefill, speculation and
-anything the library cannot describe stay on the PyTorch path. It knows the model's layer classes and
+copies) and then runs each step as one foreign call, which releases the GIL. A prompt's chunks run through it
+too, sixteen positions of one slot a call (`prefill`); speculation and anything the library cannot describe stay
+on the PyTorch path. It knows the model's layer classes and
 the cache layout; it knows nothing about requests or sampling.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ class PModel(ctypes.Structure):
 
 
 KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # KV_* in abi.h
-_ERRORS = {1: "row count", 2: "token id", 3: "position", 4: "slot"}
+_ERRORS = {1: "row count", 2: "token id", 3: "position", 4: "slot", 5: "a slot's run of positions"}
 
 
 def unsupported(model: Transformer, cache: StaticKVCache) -> str | None:
@@ -225,12 +226,33 @@ class NativeDecoder:
             raise ValueError(f"decode takes 1..{MAX_ROWS} rows of (token, position, slot), got {b}")
         if len(set(slots)) != b:  # a row would attend over a position another row is writing
             raise ValueError(f"decode takes one row per slot, got slots {list(slots)}")
+        return self._forward(tokens, positions, slots, 0)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: Sequence[int], start: int, want: Sequence[int]) -> torch.Tensor:
+        """A prompt's chunk into `slot` from position `start`, MAX_ROWS tokens a call (each call reads the weights
+        once for all its rows) -> logits [len(want), V] of the chunk's rows `want` (indices into `tokens`)."""
+        n = len(tokens)
+        if n < 1 or start < 0 or start + n > self.cache.max_seq_len or any(not 0 <= w < n for w in want):
+            raise ValueError(f"prefill: {n} tokens from {start} (cache {self.cache.max_seq_len}), rows {list(want)}")
+        picked: dict[int, torch.Tensor] = {}
+        for c0 in range(0, n, MAX_ROWS):
+            c1 = min(n, c0 + MAX_ROWS)
+            wanted = [w for w in want if c0 <= w < c1]
+            head_from = min(wanted) - c0 if wanted else c1 - c0  # the head only over the rows asked for
+            logits = self._forward(tokens[c0:c1], range(start + c0, start + c1), [slot] * (c1 - c0), head_from)
+            for w in wanted:
+                picked[w] = logits[w - c0 - head_from]
+        return torch.stack([picked[w] for w in want]) if want else torch.empty(0, self.model.cfg.vocab_size)
+
+    def _forward(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], head_from: int) -> torch.Tensor:
+        b = len(tokens)
         rows = (ctypes.c_int64 * (3 * b))(*tokens, *positions, *slots)
-        logits = torch.empty(b, self.model.cfg.vocab_size)
+        logits = torch.empty(b - head_from, self.model.cfg.vocab_size)
         base, size = ctypes.addressof(rows), ctypes.sizeof(ctypes.c_int64)
         threads = self.threads or torch.get_num_threads()
-        code = self.lib.parley_decode(ctypes.byref(self._desc), b, base, base + b * size, base + 2 * b * size,
-                                      logits.data_ptr(), threads)
+        code = self.lib.parley_forward(ctypes.byref(self._desc), b, base, base + b * size, base + 2 * b * size,
+                                       logits.data_ptr(), threads, head_from)
         if code != 0:
             raise ValueError(f"decode: {_ERRORS.get(code, code)} out of range in {list(zip(tokens, positions, slots))}")
         return logits

@@ -11,6 +11,7 @@
 #include "abi.h"
 #include "barrier.h"
 #include "int4_vnni.h"
+#include "int8_vnni.h"
 #include "int8dot_portable.h"
 #include "vec16.h"
 
@@ -177,6 +178,16 @@ inline Int4Path int4_path(const PLinear& L, const Input& p) {
     return int4_fast(L) ? Int4Path::kFloat : Int4Path::kAnyGroup;
 }
 
+// int8 layers take the int8-input VNNI kernel where it is compiled in and asked for (int8_vnni.h).
+inline bool int8_takes_dot(const PLinear& L, const Input& p) {
+#ifdef PARLEY_INT4_VNNI
+    return p.int8_dot == 1 && int8_vnni::fits(L.k);
+#else
+    (void)L, (void)p;
+    return false;
+#endif
+}
+
 // Output rows [j0, j1) against R inputs, written (or added) to y with the bias: the loop over rows sits
 // inside each kernel's instantiation so the per-row kernel inlines (a call per row cost ~5 % of a step).
 template <int R, typename Row>
@@ -231,6 +242,15 @@ void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int yst
             default: run([&](int j, float* out) { int4_row_any_group(L, j, R, x, out); });
         }
     } else if (L.kind == KIND_INT8) {
+#ifdef PARLEY_INT4_VNNI
+        if (int8_takes_dot(L, p)) {
+            const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k, *w = (const int8_t*)L.w;
+            run([&](int j, float* out) {
+                int8_vnni::rows<R, lanes<R>()>(w + (size_t)j * L.k, L.scales[j], L.k, hi, lo, p.dx.data(), out);
+            });
+            return;
+        }
+#endif
         run([&](int j, float* out) { dense_rows<R, int8_t>(L, j, x, out); });
     } else {
         run([&](int j, float* out) { dense_rows<R, float>(L, j, x, out); });
@@ -248,6 +268,10 @@ constexpr RowsFn pick(int rows, std::integer_sequence<int, R...>) {
 // Every thread, before linear(): its own copy of the input x [rows, L.k] in the form L's kernel reads.
 inline void prepare(const PLinear& L, int rows, const float* x, Input& in) {
     in.x = x;
+#ifdef PARLEY_INT4_VNNI
+    if (L.kind == KIND_INT8 && int8_takes_dot(L, in))
+        int8_vnni::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data());
+#endif
     if (L.kind != KIND_INT4) return;
     const Int4Path path = int4_path(L, in);
     if (path == Int4Path::kFloat) prepare_int4_input(L, rows, x, in.xp.data(), in.xsum.data());
