@@ -32,7 +32,7 @@ from llm_engine.request import (
     Timings,
     TokenEvent,
 )
-from llm_engine.scheduler import CHUNK_TOKENS, BatchScheduler, StepPlan
+from llm_engine.scheduler import CHUNK_TOKENS, BatchScheduler, ChunkPace, StepPlan
 from llm_engine.stream import WAKE, EngineStream, Hold, Release
 from llm_engine.tokenizer import Tokenizer
 
@@ -74,6 +74,7 @@ class Engine:
         kv_dtype: torch.dtype | None = None,
         prefix_cache: bool = True,
         family: Family = UNKNOWN,
+        chunk_budget_ms: float = 0.0,
     ) -> None:
         """draft: a model with the same tokenizer (e.g. speculative.make_self_draft(model)) that speculates
         for a request while it runs alone. cuda_graphs: replay captured batched decode steps (CUDA only).
@@ -81,7 +82,9 @@ class Engine:
         this model (CPU, float32, fused projections, a C++ compiler), "on" (fail if it cannot), "off".
         `decode_path` says which path decode steps take, and why. kv_dtype: the KV cache's element type
         (None: the model's; float16 under a float32 model halves what long conversations read). prefix_cache:
-        a new request copies the longest prompt prefix another idle slot holds instead of computing it."""
+        a new request copies the longest prompt prefix another idle slot holds instead of computing it.
+        chunk_budget_ms: while others decode, a prompt chunk takes as many tokens as fit this long at this model's
+        measured cost a token (scheduler.ChunkPace; 0: always prefill_chunk, as the tests' schedules assume)."""
         self.model = model
         self.tokenizer = tokenizer
         self.family = family  # what the rest of Parley must know of this model (llm_engine.families)
@@ -94,8 +97,10 @@ class Engine:
         )
         self.slots = SlotTable(max_slots)
         # Batch bound = slots: every running request holds one. While others decode, a prompt runs in chunks
-        # of prefill_chunk tokens, one per step: that caps how long their next token waits behind a long prompt.
+        # of prefill_chunk tokens at most, one per step, and of fewer where this model's chunks take longer than
+        # chunk_budget_ms (ChunkPace): that caps how long their next token waits behind a long prompt.
         self.scheduler = BatchScheduler(max_batch=max_slots, chunk_tokens=prefill_chunk)
+        self.pace = ChunkPace(chunk_budget_ms, prefill_chunk)
         self.steps = 0  # engine steps that did work (a prompt chunk and/or one batched decode)
         self.prefix_cache = prefix_cache
         self.prefix_hits = 0  # requests that copied a prompt prefix from another slot (written by the engine thread)
@@ -143,6 +148,7 @@ class Engine:
         native: str = "auto",
         kv_cache: str = "auto",
         prefix_cache: bool = True,
+        chunk_budget_ms: float = 0.0,
     ) -> "Engine":
         """A Hugging Face folder or a .gguf file (converted once into the user cache dir).
 
@@ -160,6 +166,7 @@ class Engine:
         engine = cls(
             p.model, p.tokenizer, max_slots=max_slots, max_seq_len=max_seq_len, draft=p.draft,
             cuda_graphs=cuda_graphs, native=native, kv_dtype=p.kv_dtype, prefix_cache=prefix_cache, family=p.family,
+            chunk_budget_ms=chunk_budget_ms,
         )  # fmt: skip
         engine.load_s = time.perf_counter() - t0
         return engine
@@ -262,7 +269,10 @@ class Engine:
             job = self._jobs[plan.prefill]
             t0 = time.perf_counter()
             self._prefill(job, plan.prefill_tokens)
-            self._charge([job], time.perf_counter() - t0)
+            wall_s = time.perf_counter() - t0
+            self._charge([job], wall_s)
+            self.pace.observe(job.gen.last_chunk, 1000 * wall_s)
+            self.scheduler.chunk_tokens = self.pace.tokens()
         # A callback of this step may have cancelled or ended someone: they sit this forward out.
         batch = [self._jobs[j] for j in plan.decode if j in self._jobs and not self._jobs[j].stream.cancelled.is_set()]
         if batch:

@@ -69,6 +69,7 @@ class Generation:
         self.pending: int | None = None  # sampled but not yet fed through the model
         self.timings = Timings()
         self.prefilled = False  # the whole prompt is in the cache and the first token was sampled
+        self.last_chunk = 0  # prompt tokens in the last chunk prefill() ran
         self.probe: tuple[int, frozenset[int]] | None = None  # (prompt index, end token ids), see probe_user_end
         self.end_prob: float | None = None
         self._prefill_started = False
@@ -111,6 +112,7 @@ class Generation:
                                    shared_prefix_tokens=shared)  # fmt: skip
         start = len(state.tokens)
         chunk = self.prompt[start : start + max(1, min(max_tokens, MAX_CHUNK_TOKENS))]
+        self.last_chunk = len(chunk)  # the engine paces its chunks by their cost a token
         tokens = torch.tensor([chunk], device=self.device)  # [1, T]
         pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
         probe_row = self.probe[0] - start if self.probe is not None and start <= self.probe[0] < start + len(chunk) else None

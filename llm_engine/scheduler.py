@@ -19,6 +19,35 @@ class StepPlan:
 
 CHUNK_TOKENS = 128  # a prompt chunk while others decode: bounds how long their next token waits
 MAX_CHUNK_TOKENS = 512  # nobody decoding, and any chunk: bounds the [T, kv_len] attention mask and activations
+MIN_CHUNK_TOKENS = 8  # a paced chunk (ChunkPace) takes at least this many
+
+
+@dataclass
+class ChunkPace:
+    """How many prompt tokens a chunk beside decoding requests may take so that it lasts about `budget_ms`: their
+    next token waits for the chunk, so a fixed count (128, ~0.15 s of SmolLM2-135M) stalled every reply for ~1 s on a
+    model eight times slower. From the chunks run so far (a moving average of their cost a token); never above
+    `cap` or below MIN_CHUNK_TOKENS. Pure: the engine hands in each chunk's size and time."""
+
+    budget_ms: float
+    cap: int
+    ms_per_token: float | None = None
+
+    seen: int = 0  # chunks observed
+
+    def observe(self, tokens: int, ms: float) -> None:
+        if tokens < MIN_CHUNK_TOKENS or ms <= 0:
+            return  # a short chunk's fixed cost (a step's dispatch, the head) would read as a slow model
+        self.seen += 1
+        if self.seen == 1:
+            return  # the first pays first-call costs (allocations, lazy initialisation): not the model's pace
+        rate = ms / tokens
+        self.ms_per_token = rate if self.ms_per_token is None else 0.8 * self.ms_per_token + 0.2 * rate
+
+    def tokens(self) -> int:
+        if self.ms_per_token is None or self.budget_ms <= 0:
+            return self.cap
+        return max(min(MIN_CHUNK_TOKENS, self.cap), min(self.cap, int(self.budget_ms / self.ms_per_token)))
 
 
 class BatchScheduler:

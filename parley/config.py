@@ -126,6 +126,9 @@ class LlmConfig(_Strict):
     max_seq_len: int = Field(2048, ge=128)
     max_slots: int = Field(8, ge=1)
     prefix_cache: bool = True  # a new session copies a prompt prefix (the persona) another idle slot holds
+    # while others decode, a prompt chunk takes as many tokens as fit this long at the model's measured cost a token
+    # (at most 128: SmolLM2-135M's ~0.15 s; ~18 on Qwen2.5-0.5B, whose 128 stalled every reply ~1 s); 0: always 128
+    chunk_budget_ms: float = Field(150.0, ge=0)
 
 
 class VoiceConfig(_Strict):
@@ -200,7 +203,7 @@ class ServerConfig(_Strict):
     admit_cost_model: bool = True
     # ... and the engine apart: the sessions' shares of its wall time plus a newcomer's against this part of it (one
     # serial resource: a model whose steps cost more fills it before the cores; 0: not priced apart)
-    admit_engine_share: float = Field(0.8, ge=0, le=1)
+    admit_engine_share: float = Field(0.5, ge=0, le=1)
     openai_api: bool = False  # `parley serve` also answers the OpenAI-compatible routes (`parley stages` always does)
     # what `parley stages` loads and serves: every stage, or one stage server per stage (`parley stages --only llm`);
     # `parley serve` loads every stage its sessions use, whatever this says

@@ -245,6 +245,7 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool
             resolve("llm", m.source, allow_downloads=allow), device=device, dtype=m.dtype, max_seq_len=m.max_seq_len,
             max_slots=m.max_slots, quant=m.quant, group_size=m.group_size, self_draft=m.self_draft,
             cuda_graphs=m.cuda_graphs, native=m.native, kv_cache=m.kv_cache, prefix_cache=m.prefix_cache,
+            chunk_budget_ms=m.chunk_budget_ms,
         )
         engine.start()
         llm = LlmBridge(engine)

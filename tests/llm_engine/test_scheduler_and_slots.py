@@ -6,7 +6,7 @@ import torch
 
 from llm_engine.kv_cache import SlotTable, StaticKVCache, common_prefix_len
 from llm_engine.prepare import resolve_kv_dtype
-from llm_engine.scheduler import BatchScheduler, StepPlan
+from llm_engine.scheduler import MIN_CHUNK_TOKENS, BatchScheduler, ChunkPace, StepPlan
 
 
 def test_fifo_admission_and_one_batched_decode_of_everyone_past_prefill():
@@ -225,3 +225,27 @@ def test_a_session_of_its_own_per_job_when_none_is_given_and_held_jobs_give_thei
     assert order == [2, 3, 2, 3]  # 1 is held: it keeps its place but sits out
     s.hold(1, False)
     assert s.plan().prefill == 1  # released: its chunk ran longest ago (never)
+
+
+def test_chunks_beside_decoding_are_paced_to_a_time_budget() -> None:
+    # A model whose prompt costs ~8 ms a token: 128 tokens would stall every decoding reply for ~1 s.
+    pace = ChunkPace(150.0, 128)
+    assert pace.tokens() == 128  # nothing measured yet: the cap
+    pace.observe(128, 5000.0)  # the first chunk pays the first-call costs: not counted
+    assert pace.tokens() == 128
+    pace.observe(128, 1024.0)
+    assert pace.tokens() == 18  # 150 ms at 8 ms a token
+    for _ in range(20):
+        pace.observe(18, 18 * 2.0)  # the machine got faster (or the chunks cheaper): the average follows
+    assert 60 <= pace.tokens() <= 80
+    pace.observe(3, 300.0)  # a short chunk's fixed cost says nothing of the model's cost a token
+    assert 60 <= pace.tokens() <= 80
+    fast = ChunkPace(150.0, 128)
+    fast.observe(128, 100.0)
+    fast.observe(128, 100.0)  # SmolLM2-135M's speed: the cap holds
+    assert fast.tokens() == 128
+    slow = ChunkPace(150.0, 128)
+    slow.observe(64, 64 * 100.0)
+    slow.observe(64, 64 * 100.0)  # whatever the cost, a chunk still makes progress
+    assert slow.tokens() == MIN_CHUNK_TOKENS
+    assert ChunkPace(150.0, 4).tokens() == 4 and ChunkPace(0.0, 128).tokens() == 128
