@@ -6,7 +6,7 @@ probe) in audio time: each result reaches the core after the compute time it too
 session on an otherwise idle machine. Requests are spoken by Piper, flite and espeak-ng; the paused ones with the
 pause stretched at a syntactic break (bench/corpus.py: PAUSED_REQUESTS, speak_paused).
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.turns [--tiny] [--detectors fixed,text] [--markdown]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.turns [--tiny] [--detectors fixed,text] [--llm embedded-135m] [--markdown]
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class Models:
     """The real stages, each result memoised with the time it took (detectors share a clip's work). The audio model
     and the engine load only for a detector that uses them (`need`, before its clips: never inside a timing)."""
 
-    def __init__(self, system_prompt: str) -> None:
+    def __init__(self, system_prompt: str, llm_source: str = "embedded") -> None:
         from voice.asr import WhisperTranscriber
         from voice.vad import SileroVad
         from parley.locate import find_embedded
@@ -82,7 +82,7 @@ class Models:
         self.vad = SileroVad(find_embedded("vad"))
         # every detector recognises its turns ahead, on the server's threads (so with its transcripts)
         self.asr = WhisperTranscriber(find_embedded("asr"), cpu_threads=ThreadBudget.for_cores(available_cores()).asr)
-        self.system_prompt = system_prompt
+        self.system_prompt, self.llm_source = system_prompt, llm_source
         self._memo: dict[tuple[Any, ...], tuple[Any, float]] = {}
 
     def need(self, policy: TurnPolicy) -> None:
@@ -102,11 +102,17 @@ class Models:
     def engine(self) -> Any:
         from llm_engine.engine import Engine
         from llm_engine.threads import on_own_thread
-        from parley.locate import find_embedded
+        from parley.locate import resolve
 
-        engine = on_own_thread(lambda: Engine.from_path(find_embedded("llm", "embedded-135m"), quant="int4", max_seq_len=1024, max_slots=2))
+        path = resolve("llm", self.llm_source)
+        engine = on_own_thread(lambda: Engine.from_path(path, quant="int4", max_seq_len=1024, max_slots=2))
         engine.start()
         return engine
+
+    def text_even_odds(self, default: float) -> float:
+        """The text probe's even odds for the model the engine loaded (llm_engine.families), as a session takes them."""
+        family = getattr(self.engine, "family", None)
+        return family.text_even_odds if family is not None else default
 
     def close(self) -> None:
         if "engine" in self.__dict__:
@@ -275,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (vad.* keys)")
     p.add_argument("--sweep", default="", metavar="FIELD=V1,V2,...",
                    help="each detector once per value of one TurnPolicy field, e.g. max_hangover_ms=1500,1000")
+    p.add_argument("--llm", default="", help="the text probe's model: embedded-135m, embedded-0.5b, ... (default: the config's)")
     p.add_argument("--out", default="artifacts/bench/turns.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="two paused and two complete requests, one voice")
@@ -287,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(None, args.set)
     base = turn_policy(cfg)
     runs = [(det, replace(base, detection=det)) for det in args.detectors.split(",")]
+    field_name = ""
     if args.sweep:
         field_name, _, values = args.sweep.partition("=")
         if field_name not in base.__dataclass_fields__ or not values:
@@ -296,7 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     clips = corpus(args.voices.split(","), args.styles.split(","), args.paused, args.complete)
     print(f"{len(clips)} clips ({sum(c.pause_ms is not None for c in clips)} paused); loading models", flush=True)
-    models = Models(cfg.persona(None).system_prompt)
+    models = Models(cfg.persona(None).system_prompt, args.llm or cfg.models.llm.source)
+    if any(policy.uses_text for _, policy in runs):  # the probe's calibration is the model's, as in a session
+        odds = models.text_even_odds(base.text_even_odds)
+        base = replace(base, text_even_odds=odds)
+        if field_name != "text_even_odds":  # a sweep of the odds themselves keeps its values
+            runs = [(det, replace(policy, text_even_odds=odds)) for det, policy in runs]
     results: dict[str, Any] = {}
     rows, splits = [], []
     try:
@@ -319,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nEnd-of-turn detectors (audio check {'at the pause' if cfg.vad.audio_check_ahead else 'at the check'}, "
           f"turn_check {base.turn_check_ms:g} ms, max_hangover {base.max_hangover_ms:g} ms, "
           f"fixed hangover {base.hangover_ms:g} ms, sure/unsure {base.sure_prob:g}/{base.unsure_prob:g}, "
-          f"rejoin window {base.rejoin_window_ms:g} ms)")  # fmt: skip
+          f"rejoin window {base.rejoin_window_ms:g} ms; text probe: {models.llm_source}, even odds "
+          f"{base.text_even_odds:g})")  # fmt: skip
     print(table(("detector", "paused cut early", "split after rejoin", "whole cut", "endpoint p50 ms", "p95 ms", "max ms",
                  "audio model ms", "text probe ms", "check wait ms"), rows))  # fmt: skip
     print("\nStill split:" if splits else "\nNothing split.")

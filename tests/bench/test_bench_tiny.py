@@ -153,7 +153,7 @@ def test_turns_tiny(tmp_path: Path) -> None:
             else:
                 assert all(ch["decision"] in ("end", "wait", "stale", "unanswered") for e in clip["ends"] for ch in e["checks"])
     assert result["detectors"]["fixed"]["checks"] == 0 and result["detectors"]["text"]["checks"] > 0
-    assert "End-of-turn detectors" in proc.stdout
+    assert "End-of-turn detectors" in proc.stdout and "text probe: embedded, even odds" in proc.stdout  # the default's
 
 
 def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
@@ -300,3 +300,12 @@ def test_quality_tiny(tmp_path: Path) -> None:
     assert skipped["error"].startswith("not found") and skipped["answers"] == []
     assert f"{missing}: skipped, not found" in proc.stdout
     assert "| model | right / total | % |" in proc.stdout and f"| embedded | {ran['right']} / 4 |" in proc.stdout
+
+
+def test_native_chunks_tiny() -> None:
+    """bench/native_chunks.py on the 135M: both paths' chunk times, and the compiled step's logits are torch's."""
+    proc = run_script("native_chunks", "--tiny")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["4"], ["20"])]
+    assert len(rows) == 2 and all(r[-1] == "yes" and float(r[-2]) > 0.999 for r in rows), proc.stdout
+    assert "compiled CPU step" in proc.stdout and "batched rows" in proc.stdout
