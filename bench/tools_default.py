@@ -77,6 +77,8 @@ def auto_choices(engine: Engine, system: str, specs: tuple, cases: list) -> dict
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="a .gguf or HF folder (default: the embedded SmolLM2)")
+    p.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
+                   help="weights as the engine keeps them (default none; int4 as `parley serve` runs)")
     p.add_argument("--tiny", action="store_true", help="4 questions, 1 round (the test's form)")
     p.add_argument("--out", help="write the numbers as JSON here")
     args = p.parse_args()
@@ -84,7 +86,7 @@ def main() -> None:
     from llm_engine.threads import on_own_thread
 
     path = llm_path(args.model)
-    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=4))
+    engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=4, quant=args.quant))
     warm(engine.tokenizer)
     base, tooled, specs = persona_prompts()
     cases = [CASES[0], CASES[6], CASES[14], CASES[20]] if args.tiny else CASES

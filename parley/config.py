@@ -65,6 +65,7 @@ class VadConfig(_Strict):
     stop_words: list[str] | None = None  # words: likewise, the words that stop a reply on their own
     server_aec: bool = True  # take the replies' echo out of the microphone on the server (WebRTC AEC3, voice/echo.py)
     rejoin_window_ms: int = Field(1000, ge=0)
+    rejoin_react_ms: int = Field(250, ge=0)  # ... unless it began this long after the reply became audible
     max_turn_ms: int = Field(30000, ge=1000)  # one utterance ends at this length
     # the reply's first phrase decoded and synthesised in the pause, held until the endpoint (voice/first_phrase.py);
     # shed while the shared stages' waited jobs queue longer than preemptive_shed_wait_ms (p95) or others use the engine

@@ -123,6 +123,7 @@ def turn_policy(cfg: AppConfig) -> TurnPolicy:
         detection=v.turn_detection, min_speech_ms=v.min_speech_ms, ahead_silence_ms=v.ahead_silence_ms, hangover_ms=v.hangover_ms, turn_check_ms=v.turn_check_ms,
         max_hangover_ms=v.max_hangover_ms, sure_prob=v.turn_sure_prob, unsure_prob=v.turn_unsure_prob,
         audio_weight=v.turn_audio_weight, barge_in_min_speech_ms=v.barge_in_min_speech_ms, rejoin_window_ms=v.rejoin_window_ms,
+        rejoin_react_ms=v.rejoin_react_ms,
         max_turn_ms=v.max_turn_ms, interrupt_by=v.interrupt_by, interject_release_ms=v.interject_release_ms,
         interject_max_hold_ms=v.interject_max_hold_ms, lexicon=Lexicon.of(v.backchannels, v.stop_words),
     )  # fmt: skip

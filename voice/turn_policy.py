@@ -47,6 +47,10 @@ class TurnPolicy:
     interject_max_hold_ms: float = 1500.0  # words: the longest a reply is held for speech that has not interrupted
     lexicon: Lexicon = field(default_factory=Lexicon.of)  # words: backchannels and stop words
     rejoin_window_ms: float = 1000.0  # speech starting this soon after an endpoint continues that request; 0: off
+    # ... unless it started this long after the reply to that request became audible (the client's first playback
+    # mark): by then the user could hear it, and speech is about the reply, not more of the request (a slow machine's
+    # late reply no longer turns "I see" into a continuation). Shorter: said before anyone could react to the reply.
+    rejoin_react_ms: float = 250.0
     max_turn_ms: float = 30000.0  # a turn this long ends (a bound on one utterance's audio and transcript)
 
     def __post_init__(self) -> None:

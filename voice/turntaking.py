@@ -87,6 +87,7 @@ class TurnTaking:
         self._last_end: tuple[int, float] | None = None  # (turn, audio ms of its endpoint) while it may be rejoined
         self._reply: int | None = None  # the turn whose reply runs
         self._audible: tuple[int, float] | None = None  # a reply sent whole, and the audio time its playback ends
+        self._heard_from: tuple[int, float] | None = None  # a reply, and the audio time it became audible (first mark)
         self._last_interrupted: int | None = None  # a late playback mark for it still corrects the history
         self._now_ms = 0.0
         self._vad: tuple[float, float] | None = None  # (frame_ms, end_lag_ms) given to listen()
@@ -174,7 +175,8 @@ class TurnTaking:
     def _open(self, start_ms: float) -> list[Action]:
         p, last = self.policy, self._last_end
         self._last_end = None
-        if not (last is not None and p.rejoin_window_ms > 0 and start_ms - last[1] <= p.rejoin_window_ms):
+        if not (last is not None and p.rejoin_window_ms > 0 and start_ms - last[1] <= p.rejoin_window_ms
+                and self._unheard(last[0], start_ms)):  # fmt: skip
             last = None
         turn_id = self._new_turn()
         over = self._reply if self._reply is not None else self._playing()
@@ -324,9 +326,10 @@ class TurnTaking:
         """A real interruption: the interjection is a turn, a continuation joins its request, the reply stops."""
         h.barged, h.holds = True, None
         out: list[Action] = []
-        joins = h.may_join[0] if h.may_join is not None else None
+        joins = h.may_join[0] if h.may_join is not None and self._unheard(h.may_join[0], h.start_ms) else None
+        h.may_join = None
         if joins is not None:
-            h.joins, h.may_join = joins, None
+            h.joins = joins
             if self._answering == joins:
                 self._answering = None  # its transcript, when it comes, starts no reply: this turn answers all of it
             out.append(Join(h.turn_id, joins))
@@ -335,6 +338,13 @@ class TurnTaking:
             out.append(Interrupt(over, self._now_ms, "rejoin" if over == joins else "barge_in"))
             self._audible = None
         return out
+
+    def _unheard(self, turn_id: int, start_ms: float) -> bool:
+        """Whether speech that began at `start_ms` began before the user could react to the reply to `turn_id`: its
+        first playback mark is not in yet, or came less than rejoin_react_ms before (audio time, the mark's own played
+        audio counted back). A client without marks keeps the rejoin window alone."""
+        heard = self._heard_from
+        return heard is None or heard[0] != turn_id or start_ms < heard[1] + self.policy.rejoin_react_ms
 
     def _playing(self) -> int | None:
         """The reply sent whole whose audio the client is still playing, if any."""
@@ -386,6 +396,8 @@ class TurnTaking:
         """A playback mark. For the reply interrupted last, a mark (even one after the clear) fixes the history. For a
         reply sent whole, `unplayed_ms` (what of it the client has yet to play, by this mark) says when it falls silent:
         a client's word beats reply_ended's estimate (the audio clock stands still while no microphone audio comes)."""
+        if self._heard_from is None or turn_id > self._heard_from[0]:  # a newer reply's first mark (not a late one's)
+            self._heard_from = (turn_id, self._now_ms - played_ms)  # audible since then
         if unplayed_ms is not None and self._audible is not None and self._audible[0] == turn_id:
             self._audible = (turn_id, self._now_ms + min(max(unplayed_ms, 0.0), MAX_AUDIBLE_MS) + ECHO_TAIL_MS)
         return [Correct(turn_id, played_ms)] if turn_id == self._last_interrupted else []

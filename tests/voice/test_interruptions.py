@@ -265,3 +265,43 @@ def test_a_mark_that_says_a_reply_sent_whole_has_played_ends_its_playback_while_
     s2.send(s2.core.played(1, 600.0, unplayed_ms=2400.0))  # still playing: speech now is over it
     s2.silent(400).speak(300)
     assert s2.of(OpenTurn)[0].holds == 1
+
+
+@pytest.mark.parametrize("reply_after_ms", [300, 900, 1500])
+def test_speech_once_the_reply_is_heard_is_about_the_reply_not_more_of_the_request(reply_after_ms: int) -> None:
+    """However late the reply starts after the endpoint (a slower machine), words said 0.6-1 s into hearing it are
+    an interruption of it, never joined to the request; words said before it could be heard still join."""
+    for into_reply_ms, joins in ((600, False), (1000, False), (-200, True)):
+        s = Replying(typed=False, rejoin_window_ms=1000)
+        s.speak(600)
+        check = s.silent_until(CheckTurn)
+        s.send(s.core.check_done(1, check.check, None, 0.5, 10.0))
+        s.send(s.core.heard(1, "Tell me a long story about a lighthouse keeper"))
+        if into_reply_ms < 0:  # before the reply is heard, within the rejoin window
+            s.silent(min(reply_after_ms + into_reply_ms, 700))
+            s.hearing = "on a stormy night"
+            s.speak(300)
+            s.send(s.core.played(1, 0.0))  # its first mark comes in after the speech began
+            s.speak(200)
+        else:
+            s.silent(reply_after_ms)
+            s.send(s.core.played(1, 0.0))  # the client starts playing the reply
+            s.silent(into_reply_ms)
+            s.hearing = "wait stop" if joins is False and into_reply_ms == 1000 else "tell me another one"
+            s.speak(500)
+        opened = s.of(OpenTurn)[1]
+        s.silent(300)
+        assert (s.of(Join) == [Join(opened.turn_id, 1)]) is joins, (reply_after_ms, into_reply_ms, s.of(Join))
+        interrupt = s.of(Interrupt)
+        assert interrupt and interrupt[0].reason == ("rejoin" if joins else "barge_in")
+
+
+def test_without_playback_marks_the_rejoin_window_alone_decides() -> None:
+    s = Replying(typed=False, rejoin_window_ms=1000)
+    s.speak(600)
+    check = s.silent_until(CheckTurn)
+    s.send(s.core.check_done(1, check.check, None, 0.5, 10.0))
+    s.send(s.core.heard(1, "Turn off the lights"))
+    s.hearing = "in the living room"
+    s.silent(700).speak(400)
+    assert s.of(Join) == [Join(2, 1)]
