@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported lazily at run time: most engines use one at most
 
 
 # The longest prompt chunk the compiled step takes (sixteen positions a call). Measured on the 2-core EPYC
-# (bench/llm_speed.py --prefill): Qwen2.5-0.5B 7 tokens 70 ms against torch's 108, 16 tokens 173 against 183;
+# (python -m bench.native_chunks): Qwen2.5-0.5B 7 tokens 70 ms against torch's 108, 16 tokens 173 against 183;
 # the 1.5B 7 tokens 186 against 322, 16 tokens 485 against 406: past ~12 torch's batched matmuls win.
 NATIVE_PREFILL_MAX = 12
 
