@@ -64,7 +64,9 @@ def run(model_path: Path, device: str, dtype: str) -> list[tuple[str, float, flo
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    engine = on_own_thread(lambda: Engine.from_path(model_path, device=device, dtype=dtype, max_seq_len=1024, max_slots=4))
+    # no prefix cache: each "prefill" session below must compute its whole prompt, not copy it from the warm one
+    engine = on_own_thread(lambda: Engine.from_path(model_path, device=device, dtype=dtype, max_seq_len=1024, max_slots=4,
+                                                    prefix_cache=False))
     ours_load = time.perf_counter() - t0
     engine.start()
     folder = prepare_gguf(model_path) if model_path.suffix == ".gguf" else model_path
