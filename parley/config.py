@@ -63,6 +63,7 @@ class VadConfig(_Strict):
     interject_max_hold_ms: int = Field(1500, ge=0)  # words: the longest a reply is held for speech that has not interrupted
     backchannels: list[str] | None = None  # words: replaces the built-in list (voice/interjection.py) for another language
     stop_words: list[str] | None = None  # words: likewise, the words that stop a reply on their own
+    thinking: list[str] | None = None  # likewise, a turn of nothing but these gets no reply ("um", "let me think")
     server_aec: bool = True  # take the replies' echo out of the microphone on the server (WebRTC AEC3, voice/echo.py)
     rejoin_window_ms: int = Field(1000, ge=0)
     rejoin_react_ms: int = Field(250, ge=0)  # ... unless it began this long after the reply became audible

@@ -74,7 +74,8 @@ def personas(cfg: AppConfig, support: ToolSupport = NOT_LOADED) -> dict[str, Per
             speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
             tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why,
             lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
-                v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words),
+                v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words,
+                v.thinking),
         )  # fmt: skip
         if support is not NOT_LOADED:
             log.info("persona %s: tools %s (%s)", name, ", ".join(t.spec.name for t in tools) or "none", why)
@@ -125,7 +126,7 @@ def turn_policy(cfg: AppConfig) -> TurnPolicy:
         audio_weight=v.turn_audio_weight, barge_in_min_speech_ms=v.barge_in_min_speech_ms, rejoin_window_ms=v.rejoin_window_ms,
         rejoin_react_ms=v.rejoin_react_ms,
         max_turn_ms=v.max_turn_ms, interrupt_by=v.interrupt_by, interject_release_ms=v.interject_release_ms,
-        interject_max_hold_ms=v.interject_max_hold_ms, lexicon=Lexicon.of(v.backchannels, v.stop_words),
+        interject_max_hold_ms=v.interject_max_hold_ms, lexicon=Lexicon.of(v.backchannels, v.stop_words, v.thinking),
     )  # fmt: skip
 
 

@@ -39,6 +39,13 @@ STOP_WORDS: tuple[str, ...] = (
     "pause", "enough", "cancel", "never mind", "shut up", "quiet", "be quiet", "but", "hey", "listen", "what", "why",
 )  # fmt: skip
 
+# A turn of nothing but these is the user thinking aloud ("Um... let me think."): silence, not a reply.
+THINKING: tuple[str, ...] = (
+    "um", "umm", "uh", "uhm", "er", "erm", "hmm", "hm", "mm", "mmm", "ah", "so", "well", "let me think", "let me see",
+    "let's see", "one second", "one sec", "one moment", "just a second", "just a sec", "just a moment", "a second",
+    "give me a second", "give me a sec", "give me a moment", "wait a second", "wait a moment", "hang on", "hold on",
+)  # fmt: skip
+
 # What Whisper writes for sound that is not speech (and the subtitles it learnt from): never words.
 NON_WORDS: frozenset[str] = frozenset({"you", "bye", "bye bye", "so", "the", "a", "and", "thank you for watching",
                                         "thanks for watching", "music", "applause", "laughter", "silence", "cough",
@@ -60,14 +67,17 @@ class Lexicon:
     backchannels: frozenset[str] = frozenset(BACKCHANNELS)
     stop_words: frozenset[str] = frozenset(STOP_WORDS)
     non_words: frozenset[str] = NON_WORDS
+    thinking: frozenset[str] = frozenset(THINKING)
 
     @classmethod
-    def of(cls, backchannels: Iterable[str] | None = None, stop_words: Iterable[str] | None = None) -> "Lexicon":
-        """The default lexicon with either list replaced (each entry normalised as the recogniser's text is)."""
+    def of(cls, backchannels: Iterable[str] | None = None, stop_words: Iterable[str] | None = None,
+           thinking: Iterable[str] | None = None) -> "Lexicon":  # fmt: skip
+        """The default lexicon with any list replaced (each entry normalised as the recogniser's text is)."""
         norm = lambda items: frozenset(" ".join(words(item)) for item in items)  # noqa: E731
         return cls(
             backchannels=norm(BACKCHANNELS if backchannels is None else backchannels),
             stop_words=norm(STOP_WORDS if stop_words is None else stop_words),
+            thinking=norm(THINKING if thinking is None else thinking),
         )
 
 
@@ -141,6 +151,13 @@ def only_stop_words(text: str, lexicon: Lexicon) -> bool:
     the user wants ("No, tell me about Mars instead"), not all of it."""
     ws = words(text)
     return bool(ws) and _covered(ws, lexicon.stop_words)
+
+
+def only_thinking(text: str, lexicon: Lexicon) -> bool:
+    """`text` is nothing but the user thinking aloud ("Um.", "Hmm, let me think.", "One second."): a turn that wants
+    silence, not a reply; the request comes next."""
+    ws = words(text)
+    return bool(ws) and _covered(ws, lexicon.thinking)
 
 
 def echo_share(ws: Sequence[str], recent: Sequence[str]) -> float:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from voice.interjection import Heard
+from voice.interjection import Heard, only_thinking
 from voice.listener import Listener, Utterance
 from voice.replies import Replies
 from voice.reply_host import ReplyHost
@@ -201,6 +201,9 @@ class TurnShell:
         if not actions:
             if not text.strip():  # no words (noise, or its own echo, that took the floor): the log still says why
                 utt.trace.info["no_words"] = True
+                self.s.replies.send_trace(utt.trace)
+            elif only_thinking(text, self.s.turns.policy.lexicon):  # "um... let me think": silence, said in the log
+                utt.trace.info["thinking"] = True
                 self.s.replies.send_trace(utt.trace)
             utt.discard()
             if self.ended is utt:

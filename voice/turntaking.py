@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from voice.endpointer import Endpointer, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
-from voice.interjection import Heard, Kind, Verdict, classify, only_stop_words
+from voice.interjection import Heard, Kind, Verdict, classify, only_stop_words, only_thinking
 from voice.turn_actions import (
     Action,
     CheckTurn,
@@ -365,7 +365,7 @@ class TurnTaking:
         if self._answering != turn_id:
             return []
         self._answering = None
-        if not text.strip():
+        if not text.strip() or only_thinking(text, self.policy.lexicon):  # no words, or "um... let me think": silence
             self._last_end = None
             return []
         return self._start_reply(turn_id, text, "voice")

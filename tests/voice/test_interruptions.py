@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.interjection import Heard, Kind, Lexicon, classify, echo_share, words
+from voice.interjection import Heard, Kind, Lexicon, classify, echo_share, only_thinking, words
 from voice.turntaking import CheckTurn, DropTurn, EndTurn, Interrupt, Join, OpenTurn, Recognise, Release, Reply, StartAhead
 
 from test_turntaking import Script
@@ -305,3 +305,27 @@ def test_without_playback_marks_the_rejoin_window_alone_decides() -> None:
     s.hearing = "in the living room"
     s.silent(700).speak(400)
     assert s.of(Join) == [Join(2, 1)]
+
+
+@pytest.mark.parametrize("text", ["Um...", "Hmm, let me think.", "Uh, one second.", "So... let me see.", "Give me a moment."])
+def test_a_turn_of_the_user_thinking_aloud_gets_silence_not_a_reply(text: str) -> None:
+    assert only_thinking(text, Lexicon.of())
+    s = Replying(typed=False)
+    s.speak(600)
+    check = s.silent_until(CheckTurn)
+    s.send(s.core.check_done(1, check.check, None, 0.5, 10.0))
+    assert s.send(s.core.heard(1, text)) == []  # nothing answers it
+    s.silent(1500)
+    s.hearing = "what is the capital of France"
+    s.speak(600)  # the request, after the thinking: a turn of its own, answered
+    assert s.of(OpenTurn)[1].joins is None
+    check = s.silent_until(CheckTurn)
+    s.send(s.core.check_done(2, check.check, None, 0.9, 10.0))
+    assert s.send(s.core.heard(2, "What is the capital of France?")) == [Reply(2, "What is the capital of France?", "voice")]
+
+
+@pytest.mark.parametrize("text", ["Are you there?", "Um, what time is it?", "Hmm.. tell me a joke", "Let me think about dinner ideas."])
+def test_anything_said_beside_the_thinking_is_a_request(text: str) -> None:
+    assert not only_thinking(text, Lexicon.of())
+    assert not only_thinking("", Lexicon.of())
+    assert only_thinking("Eh bien.", Lexicon.of(thinking=["eh bien", "euh"]))  # the list is configurable
