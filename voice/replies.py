@@ -99,7 +99,9 @@ class Replies:
         task, reply = self.task, self.current
         if t_ms is not None and reply is not None and reply.turn_id == turn_id and not reply.stopped and task is not None and task.done():
             # speech over a reply sent whole, still playing on the client: it drops the rest, the history keeps what
-            # was heard
+            # was heard; a reply its marks say has played to the end (speech in its echo tail) has nothing to drop
+            if reply.played_ms is not None and reply.played_ms >= reply.sent_ms:
+                return
             reply.stopped = True
             self.s.outbox.clear(turn_id, **({"t_ms": round(t_ms, 1)} if t_ms is not None else {}))
             if reply.played_ms is not None:

@@ -30,6 +30,7 @@ class TwilioClient:
     played_until_s: float = 0.0  # when what is queued has played
     pending_marks: list[tuple[float, str]] = field(default_factory=list)  # (due, name)
     sent_media: int = 0
+    played: list[tuple[float, bytes]] = field(default_factory=list)  # (when it starts playing, μ-law) as the caller hears it
 
     async def __aenter__(self) -> "TwilioClient":
         self.ws: ClientConnection = await connect(self.url, max_size=None, open_timeout=10)
@@ -62,12 +63,15 @@ class TwilioClient:
                 self.received.append(msg)
                 now = time.monotonic()
                 if msg["event"] == "media":
-                    seconds = len(base64.b64decode(msg["media"]["payload"])) / codec.G711_RATE
-                    self.played_until_s = max(self.played_until_s, now) + seconds
+                    data = base64.b64decode(msg["media"]["payload"])
+                    start = max(self.played_until_s, now)
+                    self.played.append((start, data))
+                    self.played_until_s = start + len(data) / codec.G711_RATE
                 elif msg["event"] == "mark":
                     self.pending_marks.append((max(self.played_until_s, now), msg["mark"]["name"]))
                 elif msg["event"] == "clear":
                     self.played_until_s = now
+                    self.played = [(t, data[: max(0, int((now - t) * codec.G711_RATE))]) for t, data in self.played if t < now]
                     self.pending_marks = [(now, name) for _, name in self.pending_marks]
         except ConnectionClosed:
             pass
@@ -97,6 +101,11 @@ class TwilioClient:
 
     def of(self, event: str) -> list[dict[str, Any]]:
         return [m for m in self.received if m["event"] == event]
+
+    def heard(self, since_s: float = 0.0) -> np.ndarray:
+        """What the caller heard of the audio that began playing at `since_s` or later (a `clear` cut what had not
+        played), float32 at 8 kHz, gaps in playback left out."""
+        return codec.decode("pcmu", b"".join(data for t, data in self.played if t >= since_s))
 
     def audio(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The μ-law media received in messages [start:stop], decoded to float32 at 8 kHz."""

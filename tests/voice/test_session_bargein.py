@@ -3,6 +3,7 @@ heard; a short burst or a backchannel does not interrupt; closing mid-reply leav
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -170,3 +171,20 @@ async def test_a_persona_in_another_language_decides_interruptions_by_its_own_wo
         assert (heard("Ja."), heard("Halt!"), heard("Yeah.")) == (Kind.BACKCHANNEL, Kind.STOP, Kind.INTERRUPT)
         h.session.update(persona="assistant")  # the default words again
         assert (heard("Ja."), heard("Yeah.")) == (Kind.INTERRUPT, Kind.BACKCHANNEL)
+
+
+async def test_speech_right_after_a_reply_has_played_to_its_end_clears_nothing() -> None:
+    """Its marks say the whole reply played; speech in its echo tail (ECHO_TAIL_MS) is still heard as over it, and a
+    request there is a new turn: nothing is left to clear, and the reply was not interrupted."""
+    async with Harness(engine=FakeEngine(reply_words="It is noon.".split(), token_s=0.0), transcriber=FakeTranscriber("what time is it in Paris")) as h:
+        h.session.text_input("what time is it")
+        done = await h.wait_for("response.done")
+        await h.feed(quiet(100))
+        sent_ms = sum(m["ms"] for m in h.of("audio") if m["turn_id"] == done["turn_id"])
+        h.session.playback_mark(done["turn_id"], sent_ms, time.perf_counter_ns())  # played to its end, just now
+        assert h.session.turns._playing() == done["turn_id"]  # the echo tail: speech now is over the reply
+        await h.feed(tone(600))
+        await h.feed(quiet(1200), until=lambda: len(h.of("response.done")) == 2)
+        second = await h.wait_for("response.done", 2)
+        assert second["turn_id"] == done["turn_id"] + 1 and not h.of("response.audio.clear")
+        assert h.session.history[-2] == ("user", "what time is it in Paris") and ("assistant", "It is noon.") in h.session.history
