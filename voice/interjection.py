@@ -41,7 +41,8 @@ STOP_WORDS: tuple[str, ...] = (
 
 # A turn of nothing but these is the user thinking aloud ("Um... let me think."): silence, not a reply.
 THINKING: tuple[str, ...] = (
-    "um", "umm", "uh", "uhm", "er", "erm", "hmm", "hm", "mm", "mmm", "ah", "so", "well", "let me think", "let me see",
+    "um", "umm", "uh", "uhh", "uhm", "er", "erm", "em", "ehm", "eh", "hmm", "hmmm", "hm", "mm", "mmm", "ah", "so", "well",
+    "let me think", "let me see",
     "let's see", "one second", "one sec", "one moment", "just a second", "just a sec", "just a moment", "a second",
     "give me a second", "give me a sec", "give me a moment", "wait a second", "wait a moment", "hang on", "hold on",
 )  # fmt: skip
@@ -155,9 +156,12 @@ def only_stop_words(text: str, lexicon: Lexicon) -> bool:
 
 def only_thinking(text: str, lexicon: Lexicon) -> bool:
     """`text` is nothing but the user thinking aloud ("Um.", "Hmm, let me think.", "One second."): a turn that wants
-    silence, not a reply; the request comes next."""
+    silence, not a reply; the request comes next. Words too common to mean anything alone may stand beside the
+    thinking: the recogniser writes a filler it cannot spell as one ("And let me think.", "At one second.")."""
     ws = words(text)
-    return bool(ws) and _covered(ws, lexicon.thinking)
+    spans = _spans(ws, lexicon.thinking)
+    inside = {i for a, b in spans for i in range(a, b)}
+    return bool(spans) and all(i in inside or w in FUNCTION_WORDS for i, w in enumerate(ws))
 
 
 def echo_share(ws: Sequence[str], recent: Sequence[str]) -> float:
