@@ -1,6 +1,6 @@
 """Turn-taking over a real socket with the embedded models and the shipped detection (combined): a pause inside a
 request keeps one turn, a finished question ends soon after its last word, and speech soon after an early endpoint
-joins the request it continues. Audio is streamed at real time; endpoints are measured in audio time.
+joins the request it continues, and a turn of the user thinking aloud gets no reply. Audio is streamed at real time; endpoints are measured in audio time.
 
 An end-of-turn check waits for the work ahead (the final recognition, then the engine's prefill) and the audio model.
 On a slow or busy machine (a 2-vCPU AVX2 VM: ~600 ms a check; a shared 2-core one: 350-830 ms) it answers after the
@@ -175,3 +175,22 @@ async def _joined(c: Client, first_samples: int, pause_ms: float) -> None:
           f"{stopped_ms:.0f} ms of audio into the continuation (pause {pause_ms:.0f} ms)")  # fmt: skip
     # the client paused the early reply at once (holds); its words decide the join: two content words heard
     assert started_holds_early(c, early) and 0 < stopped_ms <= 1500.0, (stopped_ms, heard_ms)
+
+
+async def test_a_user_thinking_aloud_gets_silence_and_the_request_after_it_an_answer(live_server) -> None:
+    """"Let me see." alone is the user thinking: its trace says so and nothing answers it; the question that follows
+    is a turn of its own, answered."""
+    async with Client(live_server.ws_url()) as c:
+        await c.start()
+        await c.wait_for("response.done")  # the greeting
+        thinking = lambda: [t for t in c.of("turn.trace") if t.get("thinking")]  # noqa: E731
+        await c.stream(np.concatenate([corpus.silence(LEAD_MS), corpus.speak("Let me see.", "piper"), corpus.silence(10000)]),
+                       until=lambda: bool(thinking()))  # fmt: skip
+        (trace,) = thinking()
+        assert [f["text"] for f in c.of("transcript.final") if f["turn_id"] == trace["turn_id"]] == ["Let me see."]
+        assert len(c.of("response.done")) == 1 and not c.of("response.text.delta", trace["turn_id"]) and not c.of("audio", trace["turn_id"])
+        await c.stream(np.concatenate([corpus.speak("What time is it?", "piper"), corpus.silence(10000)]),
+                       until=lambda: len(c.of("response.done")) > 1)  # fmt: skip
+        asked = c.of("transcript.final")[-1]
+        assert asked["turn_id"] > trace["turn_id"] and corpus.wer("What time is it?", asked["text"]) <= 0.2
+        assert c.of("response.done")[1]["turn_id"] == asked["turn_id"]
