@@ -1,6 +1,7 @@
 """Turn-taking over a real socket with the embedded models and the shipped detection (combined): a pause inside a
-request keeps one turn, a finished question ends soon after its last word, and speech soon after an early endpoint
-joins the request it continues, and a turn of the user thinking aloud gets no reply. Audio is streamed at real time; endpoints are measured in audio time.
+request keeps one turn, a finished question ends soon after its last word, speech soon after an early endpoint
+joins the request it continues, and a turn of the user thinking aloud gets no reply. Audio is streamed at real time;
+endpoints are measured in audio time.
 
 An end-of-turn check waits for the work ahead (the final recognition, then the engine's prefill) and the audio model.
 On a slow or busy machine (a 2-vCPU AVX2 VM: ~600 ms a check; a shared 2-core one: 350-830 ms) it answers after the
