@@ -136,6 +136,15 @@ def test_llm_table_tiny() -> None:
     assert int(hit[-2]) < int(cold[-2]) - 150 and cold[-3] == hit[-3]  # computed tokens; the same prompt
 
 
+def test_thinking_tiny() -> None:
+    """bench/thinking.py on two thinking phrases and two requests in Piper's voice: a row each, and the summary."""
+    proc = run_script("thinking", "--tiny")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "| piper |" in line]
+    assert len(rows) == 4 and all(row.split("|")[4].strip() in ("yes", "no") for row in rows), rows
+    assert "requests read as requests: 2 of 2" in proc.stdout  # a request is never met with silence
+
+
 def test_turns_tiny(tmp_path: Path) -> None:
     """bench/turns.py on two paused and two whole requests: one row per detector, each clip accounted for."""
     out = tmp_path / "turns.json"
