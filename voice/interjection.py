@@ -39,11 +39,11 @@ STOP_WORDS: tuple[str, ...] = (
     "pause", "enough", "cancel", "never mind", "shut up", "quiet", "be quiet", "but", "hey", "listen", "what", "why",
 )  # fmt: skip
 
-# A turn of nothing but these is the user thinking aloud ("Um... let me think."): silence, not a reply.
+# A turn of nothing but these (and words too common to mean anything: only_thinking) is the user thinking aloud
+# ("Um... let me think."): silence, not a reply. The fillers as Whisper spells them, then the phrases.
 THINKING: tuple[str, ...] = (
     "um", "umm", "uh", "uhh", "uhm", "er", "erm", "em", "ehm", "eh", "hmm", "hmmm", "hm", "mm", "mmm", "ah", "so", "well",
-    "let me think", "let me see",
-    "let's see", "one second", "one sec", "one moment", "just a second", "just a sec", "just a moment", "a second",
+    "let me think", "let me see", "let's see", "one second", "one sec", "one moment", "just a second", "just a sec", "just a moment", "a second",
     "give me a second", "give me a sec", "give me a moment", "wait a second", "wait a moment", "hang on", "hold on",
 )  # fmt: skip
 
