@@ -44,7 +44,8 @@ STOP_WORDS: tuple[str, ...] = (
 THINKING: tuple[str, ...] = (
     "um", "umm", "uh", "uhh", "uhm", "er", "erm", "em", "ehm", "eh", "hmm", "hmmm", "hm", "mm", "mmm", "ah", "so", "well",
     "let me think", "let me see", "let's see", "one second", "one sec", "one moment", "just a second", "just a sec",
-    "just a moment", "a second", "give me a second", "give me a sec", "give me a moment", "wait a second", "wait a moment", "hang on", "hold on",
+    "just a moment", "a second", "give me a second", "give me a sec", "give me a moment", "wait a second",
+    "wait a moment", "hang on", "hold on",
 )  # fmt: skip
 
 # What Whisper writes for sound that is not speech (and the subtitles it learnt from): never words.
