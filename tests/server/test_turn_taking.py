@@ -188,7 +188,8 @@ async def test_a_user_thinking_aloud_gets_silence_and_the_request_after_it_an_an
         await c.stream(np.concatenate([corpus.silence(LEAD_MS), corpus.speak("Let me see.", "piper"), corpus.silence(10000)]),
                        until=lambda: bool(thinking()))  # fmt: skip
         (trace,) = thinking()
-        assert [f["text"] for f in c.of("transcript.final") if f["turn_id"] == trace["turn_id"]] == ["Let me see."]
+        (final,) = [f["text"] for f in c.of("transcript.final") if f["turn_id"] == trace["turn_id"]]
+        assert corpus.wer("Let me see.", final) <= 1 / 3, final  # however it was punctuated, a word at most misheard
         assert len(c.of("response.done")) == 1 and not c.of("response.text.delta", trace["turn_id"]) and not c.of("audio", trace["turn_id"])
         await c.stream(np.concatenate([corpus.speak("What time is it?", "piper"), corpus.silence(10000)]),
                        until=lambda: len(c.of("response.done")) > 1)  # fmt: skip
