@@ -157,12 +157,15 @@ def only_stop_words(text: str, lexicon: Lexicon) -> bool:
 
 def only_thinking(text: str, lexicon: Lexicon) -> bool:
     """`text` is nothing but the user thinking aloud ("Um.", "Hmm, let me think.", "One second."): a turn that wants
-    silence, not a reply; the request comes next. Words too common to mean anything alone may stand beside the
-    thinking: the recogniser writes a filler it cannot spell as one ("And let me think.", "At one second.")."""
+    silence, not a reply; the request comes next. Words too common to mean anything alone may come before the
+    thinking: the recogniser writes a filler it cannot spell as one ("And let me think.", "At one second."); after
+    it they are a question ("Well, is it?")."""
     ws = words(text)
     spans = _spans(ws, lexicon.thinking)
+    if not spans:
+        return False
     inside = {i for a, b in spans for i in range(a, b)}
-    return bool(spans) and all(i in inside or w in FUNCTION_WORDS for i, w in enumerate(ws))
+    return all(i in inside or (i < spans[0][0] and w in FUNCTION_WORDS) for i, w in enumerate(ws))
 
 
 def echo_share(ws: Sequence[str], recent: Sequence[str]) -> float:

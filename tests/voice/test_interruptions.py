@@ -326,7 +326,7 @@ def test_a_turn_of_the_user_thinking_aloud_gets_silence_not_a_reply(text: str) -
 
 
 @pytest.mark.parametrize("text", ["Are you there?", "Um, what time is it?", "Hmm.. tell me a joke", "Let me think about dinner ideas.",
-                                  "The.", "I'm letting me think."])
+                                  "The.", "I'm letting me think.", "Well, is it?", "So can you?"])
 def test_anything_said_beside_the_thinking_is_a_request(text: str) -> None:
     assert not only_thinking(text, Lexicon.of())
     assert not only_thinking("", Lexicon.of())
