@@ -4,7 +4,8 @@
 (`tools: [default]`, in our prompt format), a turn's prefill with the session's cache reused and its decode speed
 (medians), and, under tool_choice auto with the persona's own prompt, how often bench.tools' questions get the right
 tool and how often a question that wants none gets a call; and what the default `tools: auto` offers on this model
-(parley.tool_offer) and why. `--model` another .gguf or HF folder. Table and command in docs/benchmarks.md.
+(parley.tool_offer) and why. `--model` another .gguf or HF folder; the tools are worded as a voice session words them (the
+model's template's own tool section where it has one; then also measured in our prompt format); `--show` each reply. Table and command in docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import json
 import statistics
 from types import SimpleNamespace
+from typing import Callable, Sequence
 
 import yaml
 
@@ -20,6 +22,7 @@ from llm_engine.constrain import warm
 from llm_engine.engine import Engine
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from llm_engine.tool_calls import CallParser, call_constraint
+from llm_engine.tool_format import ToolSpec
 from parley.config import DEFAULT_CONFIG, Persona
 from parley.runtime import persona_tools
 from parley.tool_offer import llm_tool_support
@@ -27,15 +30,16 @@ from voice.llm_bridge import LlmBridge
 from voice.tool_turn import with_tools
 
 
-def persona_prompts() -> tuple[str, str, tuple]:
-    """(the assistant persona's system prompt, the same with the default tools, their specs)."""
+def persona_prompts(wording: Callable[[str, Sequence[ToolSpec]], str | None] | None = None) -> tuple[str, str, tuple]:
+    """(the assistant persona's system prompt, the same with the default tools, their specs). wording: the model's own
+    (Tokenizer.system_with_tools, as a voice session words them), else our prompt format."""
     data = yaml.safe_load((DEFAULT_CONFIG.parent / "personas" / "assistant.yaml").read_text())
     base = data["system_prompt"]
     tools, _ = persona_tools("assistant", Persona(name="assistant", display_name="P", system_prompt=base, voice="joe",
                                                tools=("default",)))  # fmt: skip
     specs = tuple(t.spec for t in tools)
     persona = SimpleNamespace(toolbox=SimpleNamespace(specs=lambda: specs), tool_choice="auto", tools=tools)
-    return base, with_tools(base, persona), specs
+    return base, with_tools(base, persona, **({"wording": wording} if wording else {})), specs
 
 
 def _run(engine: Engine, session: str, messages: list[ChatMessage], n: int, constraint: object = None) -> tuple[str, object]:
@@ -57,11 +61,14 @@ def turn_cost(engine: Engine, system: str, rounds: int) -> dict[str, float]:
     return {"turn_prefill_ms": statistics.median(turn_ms), "decode_tok_s": statistics.median(tok_s)}
 
 
-def auto_choices(engine: Engine, system: str, specs: tuple, cases: list) -> dict[str, object]:
+def auto_choices(engine: Engine, system: str, specs: tuple, cases: list, show: bool = False) -> dict[str, object]:
     constraint = call_constraint(specs, "auto", parallel=False)
     right, unwanted = 0, []
     for question, wanted, _ in cases:
-        text, _ = _run(engine, "auto", [ChatMessage("system", system), ChatMessage("user", question)], 80, constraint)
+        messages = [ChatMessage("system", system), ChatMessage("user", question)]
+        text, _ = _run(engine, "auto", messages, 80, constraint)
+        if show:
+            print(f"  {question!r} -> {text!r}")
         parser = CallParser(lambda: "call")
         parser.feed(text)
         parser.close()
@@ -81,6 +88,7 @@ def main() -> None:
                    help="weights as the engine keeps them (default none; int4 as `parley serve` runs)")
     p.add_argument("--tiny", action="store_true", help="4 questions, 1 round (the test's form)")
     p.add_argument("--out", help="write the numbers as JSON here")
+    p.add_argument("--show", action="store_true", help="print each question's reply")
     args = p.parse_args()
     from bench.llm_speed import llm_path
     from llm_engine.threads import on_own_thread
@@ -88,14 +96,16 @@ def main() -> None:
     path = llm_path(args.model)
     engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=4, quant=args.quant))
     warm(engine.tokenizer)
-    base, tooled, specs = persona_prompts()
+    base, tooled, specs = persona_prompts(engine.tokenizer.system_with_tools)
+    _, ours, _ = persona_prompts()
     cases = [CASES[0], CASES[6], CASES[14], CASES[20]] if args.tiny else CASES
     tokens = {k: len(engine.tokenizer.apply_chat_template([ChatMessage("system", s), ChatMessage("user", "Hi")]))
               for k, s in (("without", base), ("with", tooled))}  # fmt: skip
     engine.start()
     try:
         cost = {k: turn_cost(engine, s, 1 if args.tiny else 5) for k, s in (("without", base), ("with", tooled))}
-        auto = auto_choices(engine, tooled, specs, cases)
+        auto = auto_choices(engine, tooled, specs, cases, show=args.show)
+        theirs = auto_choices(engine, ours, specs, cases, show=args.show) if ours != tooled else None
     finally:
         engine.stop()
     support = llm_tool_support(LlmBridge(engine))
@@ -105,11 +115,14 @@ def main() -> None:
               f"decode {cost[k]['decode_tok_s']:.1f} tok/s")  # fmt: skip
     print(f"tool_choice auto with the persona's prompt: right tool {auto['right_tool']}/{auto['wanted']}, "
           f"calls when none was wanted {auto['unwanted']}/{auto['no_tool']}")  # fmt: skip
+    if theirs is not None:
+        print(f"the same with the tools in our prompt format instead of the template's wording: right tool "
+              f"{theirs['right_tool']}/{theirs['wanted']}, calls when none was wanted {theirs['unwanted']}/{theirs['no_tool']}")  # fmt: skip
     print(f"tools: auto (the default) offers on this model: {'the default tools' if support.can_call else 'none'} "
           f"({support.why})")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "requests": len(cases),
+            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "auto_our_format": theirs, "requests": len(cases),
                        "auto_offers_tools": support.can_call, "why": support.why}, f, indent=1)  # fmt: skip
 
 

@@ -37,6 +37,9 @@ class Constraint:
     # None: the grammar holds from the first token. Otherwise the output is free until this text appears in it;
     # from there on the grammar holds for what follows the trigger (a tool call's marker under tool_choice auto)
     trigger: str | None = None
+    # With a trigger: a reply that begins (after white space) with this text is also taken by the grammar, from that
+    # text on (a tool call written without its marker, as Qwen2.5's small models write them under tool_choice auto)
+    bare_start: str | None = None
     # Near the reply's token limit, steer it to where the grammar is complete (Guide.forced, Guide.vet): the reply
     # then parses even when cut. Off for tool calls: a call cut short is dropped rather than run on a guess.
     close_at_limit: bool = False
@@ -106,6 +109,7 @@ class Guide:
     def __init__(self, tokenizer: Tokenizer, constraint: Constraint) -> None:
         self.tok = tokenizer
         self.trigger = constraint.trigger
+        self.bare_start = constraint.bare_start  # None once the reply's start has ruled it out
         self.active = constraint.trigger is None  # masking now
         self.dead = False  # the text after the trigger broke the grammar: free text from there on
         self._seen = ""  # output text while waiting for the trigger
@@ -174,6 +178,18 @@ class Guide:
         self.steered += 1  # the grammar is complete here and would not be after the model's token: end the reply
         return min(self.tok.stop_ids)
 
+    def _bare_tail(self) -> str | None:
+        """The reply so far when it begins with bare_start (the grammar takes all of it), else None; rules the bare
+        form out for good once the reply's start is something else."""
+        if self.bare_start is None:
+            return None
+        start = self._seen.lstrip()
+        if start.startswith(self.bare_start):
+            return start
+        if start and not self.bare_start.startswith(start):
+            self.bare_start = None
+        return None
+
     def _closing(self, left: int) -> bool:
         return self.close_at_limit and self.active and left <= CLOSE_WINDOW_TOKENS
 
@@ -201,11 +217,13 @@ class Guide:
         if self.dead or self.trigger is None:
             return
         self._seen += text
-        at = self._seen.find(self.trigger)
-        if at < 0:
-            return
+        tail = self._bare_tail()
+        if tail is None:
+            at = self._seen.find(self.trigger)
+            if at < 0:
+                return
+            tail = self._seen[at + len(self.trigger) :]
         self.active = True
-        tail = self._seen[at + len(self.trigger) :]
         # The trigger's last token may carry text past it: the grammar takes that text's tokens (it matches bytes)
         if tail and not self.matcher.consume_tokens(self.tok.encode(tail)):
             self.active, self.dead = False, True

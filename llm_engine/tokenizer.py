@@ -85,6 +85,22 @@ class Tokenizer:
             return False
         return _PROBE_TOOL in str(text)
 
+    def system_with_tools(self, system: str, tools: Sequence[ToolSpec]) -> str | None:
+        """The system message's text that renders, without a tools argument, exactly as the template renders `system`
+        with `tools` (its own tool section, worded as the model was trained); None where the template does not
+        render tools in the system message alone. A session keeps this one text as its system prompt, so every
+        request of it (warm-up, prefill, reply) shares the tools in one cached prefix without passing them."""
+        if not tools or not system or not self.renders_tools:
+            return None
+        probe = [ChatMessage("system", system), ChatMessage("user", "Hello.")]
+        plain, tooled = self.render_chat(probe), self.render_chat(probe, tools=tools)
+        at = plain.find(system)
+        head, tail = plain[:at], plain[at + len(system) :]
+        if at < 0 or not tooled.startswith(head) or not tooled.endswith(tail) or len(tooled) < len(plain):
+            return None
+        text = tooled[len(head) : len(tooled) - len(tail)]
+        return text if self.render_chat([ChatMessage("system", text), probe[1]]) == tooled else None
+
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                     tools: Sequence[ToolSpec] = ()) -> str:  # fmt: skip
         dicts, tool_list = template_dicts(messages, tools, self.renders_tools)

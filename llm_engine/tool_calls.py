@@ -14,12 +14,15 @@ from llm_engine.constrain import JSON_LAYOUT, Constraint, GrammarError, check_gr
 from llm_engine.tool_format import CALL_CLOSE, CALL_OPEN, ToolCall, ToolSpec
 
 MAX_CALLS = 8  # calls in one reply with parallel tool calls (a bound, so a looping model still ends)
+BARE_START = '{"name"'  # a reply that begins so is a call written without its markers (the grammar's own layout)
 
 
 def call_constraint(tools: Sequence[ToolSpec], choice: str, *, parallel: bool = True) -> Constraint | None:
     """tool_choice "none" | "auto" | "required" | a tool's name -> the reply's grammar (None: free text).
 
-    auto: free text until the model writes the call marker, then the call grammar from there; required or a name:
+    auto: free text until the model writes the call marker, then the call grammar from there; or a call written
+    bare, without the markers, when the reply begins with its JSON (BARE_START: as Qwen2.5's small models write calls
+    under auto), then that one call and the reply ends; required or a name:
     the call grammar from the first token (a name: exactly one call). parallel: up to MAX_CALLS calls in a reply. Raises GrammarError (a schema the library cannot compile) or
     ValueError (a name that is no tool).
     """
@@ -45,12 +48,14 @@ def call_constraint(tools: Sequence[ToolSpec], choice: str, *, parallel: bool = 
     for _ in range(MAX_CALLS - 1 if parallel else 0):  # nested optionals: at most MAX_CALLS calls in all
         more = f'("\\n" {_lark(CALL_OPEN)} "\\n" body "\\n" {_lark(CALL_CLOSE)} {more})?'
     rest = f'"\\n" body "\\n" {_lark(CALL_CLOSE)} {more}'
-    start = rest if choice == "auto" else f"{_lark(CALL_OPEN)} {rest}"
+    start = f"({rest}) | body" if choice == "auto" else f"{_lark(CALL_OPEN)} {rest}"
     try:
         grammar = check_grammar(f"start: {start}\nbody: %json {json.dumps(schema)}\n")
     except GrammarError as exc:
         raise GrammarError(f"the tools' schemas do not compile: {exc}") from None
-    return Constraint(grammar, trigger=CALL_OPEN if choice == "auto" else None, markers=(CALL_OPEN, CALL_CLOSE))
+    if choice != "auto":
+        return Constraint(grammar, markers=(CALL_OPEN, CALL_CLOSE))
+    return Constraint(grammar, trigger=CALL_OPEN, bare_start=BARE_START, markers=(CALL_OPEN, CALL_CLOSE))
 
 
 def _lark(text: str) -> str:
@@ -88,8 +93,9 @@ _HEAD = re.compile(r'\s*\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 
 class CallParser:
     """Feed the reply's text as it streams; get content and call deltas. A call's arguments stream as they are
-    written, one character held back (the call's own closing brace). Text that only looks like a call (it does not
-    parse: a reply decoded without the call grammar) comes out as text."""
+    written, one character held back (the call's own closing brace). A reply that begins with BARE_START is one call
+    written without its markers (call_constraint's auto grammar allows it), ended by the reply's end. Text that only
+    looks like a call (it does not parse: a reply decoded without the call grammar) comes out as text."""
 
     def __init__(self, new_id: Callable[[], str]) -> None:
         self.new_id = new_id
@@ -99,10 +105,22 @@ class CallParser:
         self._head: tuple[str, int] | None = None  # (name, where the arguments start in buf)
         self._sent = 0  # argument characters given out
         self._id = ""  # the id of the call being written
+        self._opening = True  # nothing given out yet: the reply may still be a bare call
+        self._bare = False  # the call being written has no markers: it ends with the reply
 
     def feed(self, text: str) -> list[Delta]:
         self.buf += text
         out: list[Delta] = []
+        if self._opening:
+            start = self.buf.lstrip()
+            if BARE_START.startswith(start):
+                return out  # white space, or the bare call's first characters: not known yet
+            self._opening = False
+            if start.startswith(BARE_START):
+                self.buf, self.in_call, self._bare = start, True, True
+                return self._call_progress(self.buf)
+        if self._bare:
+            return self._call_progress(self.buf)
         while True:
             if not self.in_call:
                 at = self.buf.find(CALL_OPEN)
@@ -124,11 +142,15 @@ class CallParser:
             self.buf, self.in_call = self.buf[end + len(CALL_CLOSE) :].lstrip("\n"), False
 
     def close(self) -> list[Delta]:
-        """The reply ended: a call left open (cut by max_tokens) is given out as text, not as a call."""
+        """The reply ended: a bare call, or one whose JSON is whole but its closing marker missing, is a call; a call
+        left open (cut by max_tokens) is given out as text if nothing of it was, else dropped: never run on a guess."""
         out: list[Delta] = []
-        if self.in_call:
+        if self.in_call and _parses(self.buf):
+            out += self._finish_call(self.buf.rstrip())
+            self.in_call = False
+        elif self.in_call:
             if self._head is None:
-                out.append(TextDelta(CALL_OPEN + self.buf))
+                out.append(TextDelta(self.buf if self._bare else CALL_OPEN + self.buf))
         elif self.buf and (self.buf.strip() or not self.calls):
             out.append(TextDelta(self.buf))
         self.buf = ""
@@ -169,6 +191,20 @@ class CallParser:
         self.calls.append(call)
         self._head, self._sent = None, 0
         return [*out, CallDone(call, len(self.calls) - 1)]
+
+
+def opens_call(text: str) -> bool:
+    """The reply's text begins a tool call (its marker, or a bare call's JSON): not words to say."""
+    start = text.lstrip()
+    return start.startswith(BARE_START) or start.startswith(CALL_OPEN)
+
+
+def _parses(body: str) -> bool:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict)
 
 
 def _partial_suffix(text: str, marker: str) -> int:

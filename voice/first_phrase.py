@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from llm_engine.tool_calls import opens_call
 from voice.audio import resample
 from voice.chunker import PhraseChunker
 from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken
@@ -231,7 +232,7 @@ class FirstPhrases:
                     break
             held.call.hold(True)  # the rest waits for the endpoint: the cores go to the synthesis and the check
             held.marks_ns["phrase"] = now_ns()
-            if held.phrase is not None and s.speak:
+            if held.phrase is not None and s.speak and not opens_call(held.phrase):  # a call is run, never said
                 await self._synthesise(held, held.phrase)
         except asyncio.CancelledError:
             self.core.failed(held.turn_id)

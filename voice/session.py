@@ -278,8 +278,9 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
+        llm = self.stages.llm
         system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice,
-                            native=getattr(self.stages.llm, "native_tools", False))  # fmt: skip
+                            native=getattr(llm, "native_tools", False), wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
         return self.memory.prompt(system, user_text, joins)
 
     def tools_unfit_ahead(self) -> str | None:

@@ -139,13 +139,17 @@ def _finished(result: ToolResult, trace: TurnTrace | None) -> ToolResult:
 
 
 def with_tools(
-    system_prompt: str, persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None, native: bool = False
+    system_prompt: str, persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None, native: bool = False,
+    wording: Callable[[str, Sequence[ToolSpec]], str | None] = lambda system, tools: None,
 ) -> str:
-    """The system prompt with the persona's tools and the client's in our prompt format (llm_engine.tool_format):
-    every request of the session (the warm-up, the prefill ahead of the endpoint, the reply) shares it. native: the
+    """The system prompt with the persona's tools and the client's: every request of the session (the warm-up, the
+    prefill ahead of the endpoint, the reply) shares it. `wording`: the LLM's own (its chat template's tool section,
+    as it was trained: LlmBridge.system_with_tools), else our prompt format (llm_engine.tool_format). native: the
     LLM takes the tools as a request field (a remote server renders them itself): the prompt stays as it is."""
     specs = () if native else session_tools(persona, client, client_choice)
-    return f"{system_prompt}\n\n{our_tools_prompt(specs)}" if specs else system_prompt
+    if not specs:
+        return system_prompt
+    return wording(system_prompt, specs) or f"{system_prompt}\n\n{our_tools_prompt(specs)}"
 
 
 def session_tools(persona: Any, client: Sequence[ToolSpec] = (), client_choice: str | None = None) -> tuple[ToolSpec, ...]:

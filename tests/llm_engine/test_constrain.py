@@ -103,6 +103,34 @@ def test_a_trigger_leaves_text_free_then_constrains_what_follows(tiny_chat_model
     assert allowed and all(tokenizer.decode([t]).strip()[:1] in ("t", "f", "") for t in allowed)
 
 
+def test_a_reply_that_begins_with_the_bare_start_is_constrained_from_its_first_character(tokenizer):
+    """tool_choice auto's bare form: a reply that opens with the call's JSON is masked from there on (the call's
+    arguments must fit the tool's schema); one that opens with words is free, and still waits for the marker."""
+    import torch
+
+    from llm_engine.constrain import Guide
+    from llm_engine.tool_calls import call_constraint
+    from llm_engine.tool_format import ToolSpec
+
+    tools = [ToolSpec("calculate", parameters='{"type": "object", "properties": {"x": {"type": "integer"}}, '
+                                              '"required": ["x"], "additionalProperties": false}')]  # fmt: skip
+    logits = torch.zeros(tokenizer.vocab_size)
+
+    def after(text: str) -> Guide:
+        guide = Guide(tokenizer, call_constraint(tools, "auto"))
+        for tid in tokenizer.encode(text):
+            guide.accept(tid, tokenizer.decode([tid]))
+        return guide
+
+    bare = after('{"name": "calculate", "arguments": {"x": ')
+    allowed = bare.mask(logits).isfinite().nonzero().flatten().tolist()
+    assert bare.active and allowed and all(tokenizer.decode([t]).strip()[:1] in "-0123456789" for t in allowed)
+    words = after('Sure, {"name": "calculate"')
+    assert not words.active and words.mask(logits).isfinite().all()
+    called = after("Sure. <tool_call>")
+    assert called.active
+
+
 @pytest.mark.parametrize("schema", [{"type": "bogus"}, {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}])
 def test_a_schema_the_library_cannot_compile_is_refused_with_its_reason(schema):
     with pytest.raises(GrammarError) as err:

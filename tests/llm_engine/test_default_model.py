@@ -6,6 +6,7 @@ engine), not the model's knowledge.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -33,3 +34,29 @@ def test_the_default_persona_answers_everyday_questions_right(engine) -> None:
         assert answer.finish == "stop", (qid, answer.reply)  # said whole within the cap, not cut off
         assert not re.search(r"[*#`]|^\s*[-\d]+[.)]\s", answer.reply, re.M), answer.reply  # spoken: no markdown or list
         assert len(re.findall(r"[.!?](\s|$)", answer.reply)) <= 2, answer.reply
+
+
+def test_the_default_model_calls_the_shipped_tools_by_itself_and_answers_the_rest(engine) -> None:
+    """Under tool_choice auto with the persona's prompt and the default tools in the template's own wording (as a
+    voice session asks): a question a
+    tool answers becomes that tool's call, valid for its schema (the model writes it bare; the grammar takes it from
+    its first character), and an everyday question is answered in words."""
+    from bench.tools_default import persona_prompts
+    from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
+    from llm_engine.tool_calls import CallParser, TextDelta, call_constraint
+
+    _, system, specs = persona_prompts(engine.tokenizer.system_with_tools)
+    assert "<tools>" in system  # Qwen2.5's own wording of the tools
+    for question, wanted in (("What is 12 times 7?", "calculate"), ("Set a timer for five minutes.", "set_timer"),
+                             ("What is the capital of France?", None)):  # fmt: skip
+        messages = (ChatMessage("system", system), ChatMessage("user", question))
+        req = GenerateRequest("tools", messages, SamplingParams(max_new_tokens=80), constraint=call_constraint(specs, "auto"))
+        _, text, _ = engine.submit(req).collect()
+        parser = CallParser(lambda: "call")
+        said = "".join(d.text for d in parser.feed(text) + parser.close() if isinstance(d, TextDelta))
+        assert [c.name for c in parser.calls] == ([wanted] if wanted else []), (question, text)
+        if wanted == "set_timer":
+            assert json.loads(parser.calls[0].arguments)["seconds"] == 300, text
+        if wanted is None:
+            assert "Paris" in said, text
+    engine.release("tools")

@@ -16,7 +16,7 @@ from schemas import random_object, validate
 from llm_engine.constrain import GrammarError
 from llm_engine.engine import Engine
 from llm_engine.request import ChatMessage, FinishEvent, GenerateRequest, SamplingParams
-from llm_engine.tool_calls import ArgumentsDelta, CallDone, CallParser, CallStarted, TextDelta, call_constraint
+from llm_engine.tool_calls import ArgumentsDelta, CallDone, CallParser, CallStarted, TextDelta, call_constraint, opens_call
 from llm_engine.tool_format import ToolCall, ToolSpec, call_text
 
 # A template in the Hermes / Qwen2.5 style of our own writing: tools listed in the system turn, calls as <tool_call>.
@@ -133,6 +133,21 @@ def test_the_native_template_renders_tools_calls_and_results(gguf_engine):
     assert '"name": "get_time"' in text and "<tool_response>\n12:00" in text and call_text(call) in text
 
 
+def test_a_sessions_system_prompt_carries_the_tools_as_the_template_words_them(gguf_engine, smol_tokenizer):
+    """A voice session keeps one system text for all its requests: with a template that renders tools it is the
+    template's own tool section, so the prompt renders exactly as the template renders the tools (no tools argument
+    needed on every request); a template without tools says None (our prompt format then)."""
+    tok = gguf_engine("qwen2").tokenizer
+    tools = [ToolSpec("get_time", "the time"), ToolSpec("add", "adds", '{"type": "object", "properties": {"a": {"type": "integer"}}}')]
+    text = tok.system_with_tools("Be brief.", tools)
+    assert text is not None and text.startswith("Be brief.") and '"name": "add"' in text
+    msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "time?"), ChatMessage("assistant", "It is noon."),
+            ChatMessage("user", "and now?")]  # fmt: skip
+    assert tok.render_chat([ChatMessage("system", text), *msgs[1:]]) == tok.render_chat(msgs, tools=tools)
+    assert tok.system_with_tools("", tools) is None and tok.system_with_tools("Be brief.", []) is None
+    assert smol_tokenizer.system_with_tools("Be brief.", tools) is None
+
+
 def test_our_format_puts_tools_in_the_system_prompt_and_calls_in_the_assistant_text(smol_tokenizer):
     call = ToolCall("call_1", "add", '{"a": 1, "b": 2}')
     msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "1+2?"), ChatMessage("assistant", "", (call,)),
@@ -165,6 +180,26 @@ def test_a_call_cut_short_or_not_parsing_is_text():
     assert parse("<tool_call>\n{not json}\n</tool_call>")[:2] == ("<tool_call>\n{not json}\n</tool_call>", [])
     assert parse("<tool_call>\n{\"na")[:2] == ("<tool_call>\n{\"na", [])
     assert parse("a < b and <tool")[0] == "a < b and <tool"
+
+
+def test_a_reply_that_begins_with_a_calls_json_is_that_call_written_bare():
+    """Qwen2.5's small models write calls under auto as bare JSON, no markers: at the reply's start that is a call,
+    streamed as one, ended by the reply's end; anywhere else, or not parsing, it is text."""
+    bare = '{"name": "calculate", "arguments": {"expression": "12 * 7"}}'
+    for cut in (1, 3, 7, len(bare)):
+        ids = itertools.count()
+        parser = CallParser(lambda: f"call_{next(ids)}")
+        deltas = [d for i in range(0, len(bare), cut) for d in parser.feed((" \n" if i == 0 else "") + bare[i : i + cut])]
+        deltas += parser.close()
+        assert [c.name for c in parser.calls] == ["calculate"] and json.loads(parser.calls[0].arguments) == {"expression": "12 * 7"}
+        assert not [d for d in deltas if isinstance(d, TextDelta)]
+        assert isinstance(deltas[0], CallStarted) and isinstance(deltas[-1], CallDone)
+        assert "".join(d.text for d in deltas if isinstance(d, ArgumentsDelta)) == parser.calls[0].arguments
+    assert parse('{"name": "calc')[:2] == ('{"name": "calc', [])  # cut short: text
+    assert parse('{"nope": 1}')[:2] == ('{"nope": 1}', [])
+    assert parse('{ a set }')[:2] == ('{ a set }', [])
+    assert parse('Sure: {"name": "a", "arguments": {}}')[:2] == ('Sure: {"name": "a", "arguments": {}}', [])
+    assert opens_call(' {"name": "a"') and opens_call("<tool_call>\n") and not opens_call('Sure: {"name"')
 
 
 def test_tool_choice_is_checked():

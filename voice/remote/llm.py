@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from llm_engine.tool_format import ToolSpec
 from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken, ToolAsk
 from voice.remote.client import RemoteSpec, trace_headers
 from voice.remote.tool_wire import BadToolCall, CallAssembler, tool_fields, wire_messages
@@ -149,6 +150,10 @@ class RemoteLlm:
         if isinstance(last, LlmFinish):  # a prefill answers nothing: report it as one
             last = LlmFinish("length", last.prefill_ms, last.prefill_tokens, last.reused_tokens, 0, 0.0, None, 0)
         return last
+
+    def system_with_tools(self, system: str, tools: Sequence[ToolSpec]) -> str | None:
+        """Never asked (native_tools: the server renders the tools it is sent); here for the stage's shape."""
+        return None
 
     def release(self, session_id: str) -> None:
         """The server keeps or evicts the conversation's cache by its own policy."""
