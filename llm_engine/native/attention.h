@@ -186,7 +186,9 @@ void part_any(const float* q, int G, int d, const T* keys, const T* values, int 
     }
 }
 
-// Heads per kv head with a compiled kernel (G x head_dim accumulators stay in registers).
+// Heads per kv head with a compiled kernel (G x head_dim accumulators stay in registers). Any other count is
+// taken four heads at a time, the rest by its own kernel: Qwen2.5's 7 (0.5B) and 6 (1.5B) went to the plain loops,
+// whose cost per cached position made a 600-token conversation decode ~20 % slower than a fresh one.
 template <int C, typename T>
 bool part_g(int G, const float* q, const T* keys, const T* values, int cached, const T* key, const T* value,
             const Scales& sc, int t0, int t1, float scale, float* scores, float* out) {
@@ -196,7 +198,12 @@ bool part_g(int G, const float* q, const T* keys, const T* values, int cached, c
         case 3: part<C, 3>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
         case 4: part<C, 4>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
         case 8: part<C, 8>(q, keys, values, cached, key, value, sc, t0, t1, scale, scores, out); return true;
-        default: return false;
+        default:
+            if (G < 1) return false;
+            for (int g0 = 0; g0 < G; g0 += 4)  // heads [g0, g0 + 4): their queries, states; the scores' scratch reused
+                part_g<C>(std::min(4, G - g0), q + (size_t)g0 * 16 * C, keys, values, cached, key, value, sc, t0, t1,
+                          scale, scores, out + (size_t)g0 * state_size(16 * C));
+            return true;
     }
 }
 

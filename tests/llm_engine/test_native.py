@@ -32,10 +32,11 @@ INT8_DOT = [False, True, "portable"]
 
 
 def tiny(
-    scheme: str, *, bias: bool = False, tied: bool = False, group_size: int = 32, head_dim: int = 64, seed: int = 0
+    scheme: str, *, bias: bool = False, tied: bool = False, group_size: int = 32, head_dim: int = 64, seed: int = 0,
+    heads: int = 4,
 ) -> Transformer:
-    """Two query heads per kv head; head_dim 64 and 256 take the compiled attention kernels, 32 the plain loops."""
-    cfg = ModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+    """`heads` // 2 query heads per kv head; head_dim 64 and 256 take the compiled attention kernels, 32 the plain loops."""
+    cfg = ModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=heads, num_kv_heads=2,
                       head_dim=head_dim, qkv_bias=bias, tie_word_embeddings=tied)  # fmt: skip
     torch.manual_seed(seed)
     model = Transformer(cfg, SEQ).eval().requires_grad_(False)
@@ -97,6 +98,23 @@ def test_batched_steps_match_the_float_forward(
         for ours, theirs in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
             assert relative_error(ours[:, slot, :, :length], theirs[:, slot, :, :length]) < 10 * tol
     assert cache.k[:, 1].abs().max() == 0  # the slot nobody used stays untouched
+
+
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16, torch.int8])
+@pytest.mark.parametrize("per_kv", [5, 6, 7, 8, 9])
+def test_query_heads_per_kv_head_without_a_kernel_of_their_own_take_the_kernels_four_at_a_time(per_kv: int, kv: torch.dtype) -> None:
+    """Qwen2.5's 7 (0.5B) and 6 (1.5B) query heads per kv head: the compiled attention in parts of four heads and the
+    rest matches the PyTorch forward on the same cache (float32, float16, int8 keys and values)."""
+    model = tiny("none", heads=2 * per_kv, head_dim=64)
+    ref_cache, cache = cache_for(model, dtype=kv), cache_for(model, dtype=kv)
+    decoder = NativeDecoder(model, cache, int8_dot=False)
+    prefill(model, [ref_cache, cache], 0, [(7 * i + 5) % 300 for i in range(40)])
+    tokens, positions, slots = [11], [40], [0]
+    for _ in range(3):
+        want = reference_step(model, ref_cache, tokens, positions, slots)
+        got = decoder.decode(tokens, positions, slots)
+        assert relative_error(got, want) < (2e-5 if kv == torch.float32 else 2e-2)
+        tokens, positions = [int(want[0].argmax())], [positions[0] + 1]
 
 
 @pytest.mark.parametrize("int8_dot", INT8_DOT)
