@@ -43,3 +43,20 @@ def kv_table(path: Path, positions: list[int], steps: int = 32, rounds: int = 3)
                     for i, f, p in zip(rates["int8"], rates["float16"], positions))  # fmt: skip
     print(f"{'int8 / float16':34s}{ratio}")
     return rates
+
+
+def main() -> None:
+    import argparse
+
+    from parley.locate import find_embedded
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="embedded", help="a .gguf, or an embedded name: embedded-0.5b, embedded-1.5b, ...")
+    p.add_argument("--positions", default="256,2000", help="cached positions, comma-separated (default 256,2000)")
+    args = p.parse_args()
+    path = Path(args.model) if args.model.endswith(".gguf") else find_embedded("llm", args.model)
+    kv_table(path, [int(x) for x in args.positions.split(",")])
+
+
+if __name__ == "__main__":
+    main()

@@ -96,33 +96,35 @@ def main() -> None:
     path = llm_path(args.model)
     engine = on_own_thread(lambda: Engine.from_path(path, max_seq_len=2048, max_slots=4, quant=args.quant))
     warm(engine.tokenizer)
-    base, tooled, specs = persona_prompts(engine.tokenizer.system_with_tools)
-    _, ours, _ = persona_prompts()
+    bridge = LlmBridge(engine)
+    base, tooled, specs = persona_prompts(bridge.system_with_tools)  # as a session words them (the family's record)
+    wordings = {"our prompt format": persona_prompts()[1]}
+    template = persona_prompts(engine.tokenizer.system_with_tools)[1]
+    if template != wordings["our prompt format"]:
+        wordings["the template's wording"] = template
     cases = [CASES[0], CASES[6], CASES[14], CASES[20]] if args.tiny else CASES
     tokens = {k: len(engine.tokenizer.apply_chat_template([ChatMessage("system", s), ChatMessage("user", "Hi")]))
               for k, s in (("without", base), ("with", tooled))}  # fmt: skip
     engine.start()
     try:
         cost = {k: turn_cost(engine, s, 1 if args.tiny else 5) for k, s in (("without", base), ("with", tooled))}
-        auto = auto_choices(engine, tooled, specs, cases, show=args.show)
-        theirs = auto_choices(engine, ours, specs, cases, show=args.show) if ours != tooled else None
+        auto = {k: auto_choices(engine, s, specs, cases, show=args.show) for k, s in wordings.items()}
     finally:
         engine.stop()
-    support = llm_tool_support(LlmBridge(engine))
+    support = llm_tool_support(bridge)
     print(f"\nThe assistant persona on {path.name}, without / with the default tools in its prompt")
     for k in ("without", "with"):
         print(f"{k:>8}: prompt {tokens[k]} tokens, a turn's prefill (cache reused) {cost[k]['turn_prefill_ms']:.0f} ms, "
               f"decode {cost[k]['decode_tok_s']:.1f} tok/s")  # fmt: skip
-    print(f"tool_choice auto with the persona's prompt: right tool {auto['right_tool']}/{auto['wanted']}, "
-          f"calls when none was wanted {auto['unwanted']}/{auto['no_tool']}")  # fmt: skip
-    if theirs is not None:
-        print(f"the same with the tools in our prompt format instead of the template's wording: right tool "
-              f"{theirs['right_tool']}/{theirs['wanted']}, calls when none was wanted {theirs['unwanted']}/{theirs['no_tool']}")  # fmt: skip
+    for k, a in auto.items():
+        used = " (a session's)" if wordings[k] == tooled else ""
+        print(f"tool_choice auto, the persona's prompt, the tools in {k}{used}: right tool {a['right_tool']}/{a['wanted']}, "
+              f"calls when none was wanted {a['unwanted']}/{a['no_tool']}")  # fmt: skip
     print(f"tools: auto (the default) offers on this model: {'the default tools' if support.can_call else 'none'} "
           f"({support.why})")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "auto_our_format": theirs, "requests": len(cases),
+            json.dump({"tokens": tokens, "cost": cost, "auto": auto, "requests": len(cases),
                        "auto_offers_tools": support.can_call, "why": support.why}, f, indent=1)  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """bench.tools' voice part: spoken "what time is it?" turns to a real `parley serve` whose persona forces the time
-tool, and each turn's voice-to-voice and `tool` stage from its trace. The embedded 135M model never chooses a tool by
-itself (docs/tools.md), so the persona sets `tool_choice: current_time`; the call, the tool run and the answer are
-still the model's and the tool's own.
+tool, and each turn's voice-to-voice and `tool` stage from its trace. The embedded models do not choose a tool by
+themselves in a conversation (docs/tools.md), so the persona sets `tool_choice: current_time`; the call, the tool run
+and the answer are still the model's and the tool's own (the default 0.5B writes another call where the answer
+belongs, so the tool's result is said).
 """
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ def format_row(r: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f}"
 
-    return (f"\nVoice-to-voice with a tool call in the turn (a real parley serve, embedded models; the 135M model does "
-            f"not choose tools on its own, so the persona forces current_time with tool_choice):\n"
+    return (f"\nVoice-to-voice with a tool call in the turn (a real parley serve, embedded models; the default model does "
+            f"not choose tools on its own in a conversation, so the persona forces current_time with tool_choice):\n"
             f"{'turns':>6}{'tool turns':>12}{'v2v median ms':>15}{'v2v p95 ms':>12}{'client v2v median':>19}"
             f"{'tool ms median':>16}{'tool ms max':>13}\n"
             f"{r['turns']:>6}{r['tool_turns']:>12}{ms(r['v2v_median']):>15}{ms(r['v2v_p95']):>12}"

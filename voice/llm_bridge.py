@@ -161,9 +161,13 @@ class LlmBridge:
         return last
 
     def system_with_tools(self, system: str, tools: Sequence[ToolSpec]) -> str | None:
-        """The system prompt with the tools worded by the model's own chat template (None: our prompt format)."""
+        """The system prompt with the tools worded by the model's own chat template, where its family calls them
+        best so (llm_engine.families); None: our prompt format."""
         tokenizer = getattr(self.engine, "tokenizer", None)  # (an engine double in the orchestration tests has none)
-        return None if tokenizer is None else tokenizer.system_with_tools(system, tools)
+        family = getattr(self.engine, "family", None)
+        if tokenizer is None or (family is not None and family.tools_wording != "template"):
+            return None
+        return tokenizer.system_with_tools(system, tools)
 
     def release(self, session_id: str) -> None:
         self.engine.release(session_id)

@@ -64,6 +64,7 @@ async def tool_reply(
     theirs = {t.name for t in specs} - set(box.tools)
     constraint = call_constraint(specs, choice, parallel=False)
     ask = ToolAsk(tuple(specs), choice, parallel=False)
+    results: list[ToolResult] = []  # the calls the last round ran
     for round_no in range(ROUNDS):
         parser = CallParser(new_call_id)
         said: list[str] = []
@@ -80,6 +81,9 @@ async def tool_reply(
             if isinstance(d, TextDelta):
                 said.append(d.text)
                 yield d.text
+        spoken = " ".join(r.content for r in results if r.ok)
+        if round_no > 0 and spoken and not "".join(said).strip():  # no answer in words (Qwen2.5-Coder-0.5B calls
+            yield spoken  # again instead): the results themselves are said, not silence
         if not parser.calls or forward or round_no == ROUNDS - 1:  # the last round's calls (free text) are dropped
             return
         results = []

@@ -288,7 +288,8 @@ def test_tools_default_tiny(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["requests"] == 4 and result["tokens"]["with"] > result["tokens"]["without"] > 0
     assert all(result["cost"][k]["decode_tok_s"] > 0 for k in ("without", "with"))
-    assert result["auto"]["wanted"] == 3 and result["auto"]["no_tool"] == 1
+    assert list(result["auto"]) == ["our prompt format"]  # the embedded SmolLM2's template has no tools of its own
+    assert result["auto"]["our prompt format"]["wanted"] == 3 and result["auto"]["our prompt format"]["no_tool"] == 1
     assert "calls when none was wanted" in proc.stdout
     assert result["auto_offers_tools"] is False and "does not render tools" in result["why"]  # the embedded model
 

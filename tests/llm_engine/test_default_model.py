@@ -37,8 +37,8 @@ def test_the_default_persona_answers_everyday_questions_right(engine) -> None:
 
 
 def test_the_default_model_calls_the_shipped_tools_by_itself_and_answers_the_rest(engine) -> None:
-    """Under tool_choice auto with the persona's prompt and the default tools in the template's own wording (as a
-    voice session asks): a question a
+    """Under tool_choice auto with the persona's prompt and the default tools listed, in the template's own wording
+    (as a voice session of a persona with `tools: [default]` asks): a question a
     tool answers becomes that tool's call, valid for its schema (the model writes it bare; the grammar takes it from
     its first character), and an everyday question is answered in words."""
     from bench.tools_default import persona_prompts

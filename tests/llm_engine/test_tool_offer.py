@@ -88,16 +88,43 @@ def test_the_same_family_with_a_template_without_tools_gets_none(tiny_engine, fa
     assert not support.can_call and all(v == [] for v in offered(support).values())
 
 
+@pytest.fixture(autouse=True)
+def family_reset(tiny_engine):
+    """Tests here set a tiny engine's family record; the next test gets the engine's own back."""
+    engine = tiny_engine("qwen2", with_tools=True)
+    family = engine.family
+    yield
+    engine.family = family
+
+
 def test_a_model_measured_not_to_call_tools_gets_none_though_its_template_renders_them(tiny_engine) -> None:
-    """The default Qwen2.5-Coder-0.5B's template renders tools, but bench.tools_default measured it calling the right
-    one 0 of 20 times: its family record says so, and `tools: auto` offers it none (a listed set still goes)."""
-    from llm_engine.families import family_of
+    """A family whose record says bench.tools_default measured it not calling tools (calls_tools=False): its template
+    renders tools, but `tools: auto` offers it none (a listed set still goes)."""
+    from llm_engine.families import Family
 
     engine = tiny_engine("qwen2", with_tools=True)
-    engine.family = family_of("Qwen2.5-Coder", "0.5B")
+    engine.family = Family("Silent 1B", 0.03, calls_tools=False)  # (the fixture's engine: put back by family_reset)
     support = llm_tool_support(LlmBridge(engine))
-    assert not support.can_call and "Qwen2.5 0.5B was measured not to call them" in support.why
+    assert not support.can_call and "Silent 1B was measured not to call them" in support.why
     assert all(v == [] for v in offered(support).values())
+
+
+def test_the_qwen_models_get_the_tools_worded_as_each_calls_them_best_and_the_1_5b_gets_them_by_default(tiny_engine) -> None:
+    """As bench.tools_default and a conversation measured them (llm_engine/families.py): the 1.5B is offered the
+    default set under `tools: auto`, worded in our prompt format; the default 0.5B none (in a conversation it called
+    none), but listed tools are worded in its template's own way, as it calls them best."""
+    from llm_engine.families import family_of
+    from llm_engine.tool_format import ToolSpec
+
+    engine = tiny_engine("qwen2", with_tools=True)
+    tools = [ToolSpec("current_time", "the time")]
+    for size, offered_by_default, template in (("0.5B", False, True), ("1.5B", True, False)):
+        engine.family = family_of("Qwen2.5-Coder", size)
+        bridge = LlmBridge(engine)
+        assert llm_tool_support(bridge).can_call == offered_by_default
+        assert offered(llm_tool_support(bridge))["assistant"] == (DEFAULT_TOOLS if offered_by_default else [])
+        worded = bridge.system_with_tools("Be brief.", tools)
+        assert (worded == engine.tokenizer.system_with_tools("Be brief.", tools) is not None) if template else worded is None
 
 
 def test_the_embedded_model_gets_none_and_the_reason_says_why(smol_engine) -> None:

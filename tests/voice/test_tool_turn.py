@@ -96,6 +96,22 @@ async def test_a_call_runs_and_its_result_comes_back_for_the_spoken_answer(caplo
     assert h.session.history[-1] == ("assistant", "It is late.")
 
 
+def seven() -> str:
+    """The number seven."""
+    return "Seven."
+
+
+async def test_an_answer_that_calls_again_instead_of_speaking_says_the_result() -> None:
+    """The answering round is free text; a model that writes another call there (Qwen2.5-Coder-0.5B does, bare) says
+    nothing of it, so the reply speaks the tool's result rather than leaving the user in silence."""
+    again = ['{"name": "seven", "arguments": {}}']
+    engine = ScriptedEngine(script=[call("seven"), again])
+    async with Harness(engine=engine, personas=persona(tool_from(seven))) as h:
+        h.session.text_input("what number comes after six")
+        done = await h.wait_for("response.done")
+    assert done["text"] == "Seven." and len(engine.requests) == 2
+
+
 async def test_a_raising_tool_is_answered_with_an_error_result_and_the_conversation_goes_on() -> None:
     engine = ScriptedEngine(script=[call("boom"), "Sorry, that failed.".split(), "Hello again.".split()])
     async with Harness(engine=engine, personas=persona(tool_from(boom))) as h:
