@@ -1,9 +1,10 @@
 """Does the model answer right? Everyday spoken questions (bench/quality_questions.yaml) put to each model as the
 server puts a turn to it, scored by bench/quality_score.py: how to choose the default LLM.
 
-`python -m bench.quality [--models embedded,/path/model.gguf] [--persona assistant] [--tiny] [--out F] [--show-wrong]`:
-each model is loaded through llm_engine with the shipped config's LLM settings (quant, dtype, KV cache ...), asked
-every question greedily in a fresh session under the persona's system prompt (no tools: answer quality alone), and
+`python -m bench.quality [--models embedded,/path/model.gguf] [--persona assistant] [--tiny] [--out F] [--show-wrong]
+[--conversation N]`: each model is loaded through llm_engine with the shipped config's LLM settings (quant, dtype, KV
+cache ...), asked every question greedily in a fresh session under the persona's system prompt (no tools: answer
+quality alone; with --conversation N, N at a time as one conversation each, every reply kept in its history), and
 a markdown table gives right / total, per category, median first-token ms, decode tok/s and load seconds.
 """
 from __future__ import annotations
@@ -68,6 +69,13 @@ def persona_prompt(name: str) -> str:
     return str(yaml.safe_load((DEFAULT_CONFIG.parent / "personas" / f"{name}.yaml").read_text())["system_prompt"])
 
 
+def persona_greeting(name: str) -> str:
+    """The persona's greeting (the first assistant message of a voice session), or ""."""
+    from parley.config import DEFAULT_CONFIG
+
+    return str(yaml.safe_load((DEFAULT_CONFIG.parent / "personas" / f"{name}.yaml").read_text()).get("greeting") or "")
+
+
 def load_engine(path: Path, device: str | None, quant: str | None) -> Any:
     """An Engine built as parley/runtime.py builds the server's, from the shipped config's LLM settings (device and
     quant overridable, to see what a setting costs in answers)."""
@@ -87,16 +95,19 @@ def load_engine(path: Path, device: str | None, quant: str | None) -> Any:
         kv_cache=m.kv_cache, prefix_cache=m.prefix_cache))  # fmt: skip
 
 
-def ask(engine: Any, system: str, item: Question, max_new_tokens: int) -> Answer:
-    """One question in a fresh session, greedy; the session is released after."""
+def ask(engine: Any, system: str, item: Question, max_new_tokens: int, history: tuple = (), session: str = "") -> Answer:
+    """One question, greedy: in a fresh session (released after), or as the next turn of `session` after `history`
+    (ChatMessages: the conversation so far, kept by the caller)."""
     from llm_engine.request import ChatMessage, FinishEvent, GenerateRequest, SamplingParams
 
-    session = f"quality-{item.id}"
-    messages = (ChatMessage("system", system), ChatMessage("user", item.question))
+    fresh = not session
+    session = session or f"quality-{item.id}"
+    messages = (ChatMessage("system", system), *history, ChatMessage("user", item.question))
     try:
         _, text, fin = engine.submit(GenerateRequest(session, messages, SamplingParams(max_new_tokens=max_new_tokens))).collect()
     finally:
-        engine.release(session)
+        if fresh:
+            engine.release(session)
     reply = text.strip()
     if not isinstance(fin, FinishEvent):
         return Answer(item.id, item.category, item.question, reply, False, f"error: {fin.message}", 0.0, 0.0)
@@ -114,8 +125,27 @@ def warm(engine: Any, system: str) -> None:
     engine.release("quality-warm")
 
 
+def conversations(engine: Any, system: str, greeting: str, items: tuple[Question, ...], max_new_tokens: int,
+                  turns: int) -> tuple[Answer, ...]:
+    """The questions `turns` at a time, each group one conversation: the persona's greeting, then every question and
+    the reply as given (a voice session's history), so each answer is read with the replies before it in view."""
+    from llm_engine.request import ChatMessage
+
+    answers: list[Answer] = []
+    for start in range(0, len(items), turns):
+        session, history = f"quality-conversation-{start}", [ChatMessage("assistant", greeting)] if greeting else []
+        try:
+            for item in items[start : start + turns]:
+                answer = ask(engine, system, item, max_new_tokens, tuple(history), session)
+                answers.append(answer)
+                history += [ChatMessage("user", item.question), ChatMessage("assistant", answer.reply)]
+        finally:
+            engine.release(session)
+    return tuple(answers)
+
+
 def run_model(source: str, items: tuple[Question, ...], system: str, max_new_tokens: int, device: str | None,
-              quant: str | None) -> ModelRun:
+              quant: str | None, conversation: tuple[str, int] | None = None) -> ModelRun:
     from parley.locate import ModelNotFound, resolve
 
     try:
@@ -131,7 +161,10 @@ def run_model(source: str, items: tuple[Question, ...], system: str, max_new_tok
     engine.start()
     try:
         warm(engine, system)
-        answers = tuple(ask(engine, system, q, max_new_tokens) for q in items)
+        if conversation is None:
+            answers = tuple(ask(engine, system, q, max_new_tokens) for q in items)
+        else:
+            answers = conversations(engine, system, conversation[0], items, max_new_tokens, conversation[1])
     finally:
         engine.stop()
     return ModelRun(source, str(path), None, load_s, answers)
@@ -167,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help=f"the first {TINY} questions only (the test's form)")
     p.add_argument("--out", type=Path, help="write every reply and verdict here as JSON")
     p.add_argument("--show-wrong", action="store_true", help="list each model's wrong replies after the table")
+    p.add_argument("--conversation", type=int, default=0, metavar="N",
+                   help="ask the questions N at a time as one conversation each (after the persona's greeting, every "
+                        "reply kept), not each in a fresh session")
     args = p.parse_args(argv)
 
     items = load_questions(args.questions)
@@ -175,14 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     system = persona_prompt(args.persona)
     runs = []
     for source in (s.strip() for s in args.models.split(",") if s.strip()):
-        run = run_model(source, items, system, args.max_tokens, args.device, args.quant)
+        greeting = persona_greeting(args.persona)
+        run = run_model(source, items, system, args.max_tokens, args.device, args.quant,
+                        (greeting, args.conversation) if args.conversation > 0 else None)
         if run.error:
             print(f"{source}: skipped, {run.error}", flush=True)
         runs.append(run)
 
     quant = args.quant or "as configured"
-    print(f"\nAnswer quality: {len(items)} spoken questions, persona {args.persona!r}, quant {quant}, greedy, up to "
-          f"{args.max_tokens} tokens\n")
+    asked = f"in conversations of {args.conversation}" if args.conversation > 0 else "each in a fresh session"
+    print(f"\nAnswer quality: {len(items)} spoken questions {asked}, persona {args.persona!r}, quant {quant}, greedy, "
+          f"up to {args.max_tokens} tokens\n")
     print("\n".join(table(runs, order)))
     if args.show_wrong:
         for r in (r for r in runs if not r.error):
@@ -192,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"- {a.id}: {a.question} -> {a.reply!r}")
     if args.out:
         args.out.write_text(json.dumps({
-            "persona": args.persona, "quant": quant, "max_new_tokens": args.max_tokens, "questions": len(items), "categories": order,
+            "persona": args.persona, "conversation": args.conversation, "quant": quant, "max_new_tokens": args.max_tokens, "questions": len(items), "categories": order,
             "models": [{**asdict(r), "right": r.right, "total": len(r.answers), "by_category": r.counts(order),
                         "first_token_ms_median": r.median("first_token_ms"), "decode_tok_s_median": r.median("decode_tok_s")}
                        for r in runs]}, indent=1))  # fmt: skip

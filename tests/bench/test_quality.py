@@ -105,3 +105,33 @@ def test_tally_and_table() -> None:
     lines = table([ModelRun("embedded", "x", None, 1.25, answers), ModelRun("missing", error="not found")], ["a", "b"])
     assert lines[0].startswith("| model | right / total | % | a | b |") and len(lines) == 3  # the missing one left out
     assert lines[2] == "| embedded | 2 / 3 | 67 | 2/2 | 0/1 | 200 | 20.0 | 1.2 |"
+
+
+def test_questions_in_conversations_carry_the_greeting_and_every_reply_before_them() -> None:
+    """--conversation N: N questions a session, each asked after the persona's greeting and the questions and replies
+    before it; a new conversation starts from the greeting alone; each conversation's slot is released once."""
+    from bench.quality import conversations
+    from llm_engine.request import FinishEvent, Timings
+
+    class Engine:
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, tuple]] = []
+            self.released: list[str] = []
+
+        def submit(self, req):  # noqa: ANN001, ANN202
+            self.seen.append((req.session_id, req.messages))
+            reply = f"reply {len(self.seen)}"
+            return type("S", (), {"collect": lambda s: ([], reply, FinishEvent("stop", Timings()))})()
+
+        def release(self, session: str) -> None:
+            self.released.append(session)
+
+    items = tuple(Question(f"q{i}", "fact", f"Question {i}?", (("x",),)) for i in range(5))
+    engine = Engine()
+    answers = conversations(engine, "Be brief.", "Hi there.", items, 20, 2)
+    assert [a.reply for a in answers] == [f"reply {i}" for i in range(1, 6)]
+    turns = [[(m.role, m.content) for m in messages] for _, messages in engine.seen]
+    assert turns[0] == [("system", "Be brief."), ("assistant", "Hi there."), ("user", "Question 0?")]
+    assert turns[1] == [*turns[0], ("assistant", "reply 1"), ("user", "Question 1?")]
+    assert turns[2] == [("system", "Be brief."), ("assistant", "Hi there."), ("user", "Question 2?")]  # a new one
+    assert len({s for s, _ in engine.seen}) == 3 and sorted(engine.released) == sorted({s for s, _ in engine.seen})
