@@ -334,7 +334,7 @@ def warm(runtime: Runtime) -> None:
 
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:
     """A persona offered tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
-    off the event loop, so the first tool turn does not pay for it (voice.tool_turn.warm_grammar then finds it)."""
+    off the event loop, so the first tool turn does not pay for it (LlmBridge.warm_grammar then finds it)."""
     if any(offered_entries(p, support)[0] for p in cfg.persona_defs.values()):
         from llm_engine import constrain
 

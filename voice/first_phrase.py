@@ -127,8 +127,7 @@ class FirstPhrases:
         depth = getattr(getattr(runner, "stats", None), "depth", None) or {}
         if sum(n for priority, n in depth.items() if priority != "ahead") > 0:
             return "stage jobs queued"
-        count = getattr(self.s.stages.llm, "other_requests", None)
-        others = 0 if count is None else int(count(self.s.session_id))
+        others = self.s.stages.llm.other_requests(self.s.session_id)
         if others > 0:
             return f"{others} engine requests of other sessions"
         return None

@@ -169,6 +169,14 @@ class LlmBridge:
             return None
         return tokenizer.system_with_tools(system, tools)
 
+    async def warm_grammar(self) -> None:
+        """The engine tokenizer's grammar view, built once (~1 s) off the event loop."""
+        tokenizer = getattr(self.engine, "tokenizer", None)  # (an engine double in the orchestration tests has none)
+        if tokenizer is not None:
+            from llm_engine import constrain
+
+            await asyncio.to_thread(constrain.warm, tokenizer)
+
     def release(self, session_id: str) -> None:
         self.engine.release(session_id)
 

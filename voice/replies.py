@@ -27,7 +27,7 @@ from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken, T
 from voice.reply import Reply
 from voice.reply_host import ReplyHost
 from voice.timers import Timers
-from voice.tool_turn import CALL_TOKENS, reply_choice, session_tools, tool_reply, warm_grammar
+from voice.tool_turn import CALL_TOKENS, reply_choice, session_tools, tool_reply
 from voice.trace import TurnTrace, now_ns
 from voice.turntaking import Release as ReleaseHold
 from voice.turntaking import Reply as ReplyTo
@@ -205,7 +205,7 @@ class Replies:
             call: list[LlmCall] = []  # the engine request, once the reply task has made it
             if specs:  # the reply may call a tool (voice.tool_turn); a phrase made ahead (no grammar) is continued
                 trace.info["tools_offered"] = [t.name for t in specs]
-                await warm_grammar(s.stages.llm)
+                await s.stages.llm.warm_grammar()
                 deltas = tool_reply(lambda m, c, ask, first: self._llm_deltas(m, trace, utt if first else None, call, held if first else None,
                                                                               c, CALL_TOKENS if ask.choice not in ("auto", "none") else 0, ask),
                                     messages, p.toolbox, specs, choice, p.tool_filler, self.timers, trace,

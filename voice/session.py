@@ -206,9 +206,9 @@ class Session:
     def _usable(turns: TurnPolicy, stages: Stages) -> TurnPolicy:
         """`turns` as these stages can run it: the text signal read at its own LLM's even odds; a remote LLM gives
         none to wait for."""
-        if not getattr(stages.llm, "probes_user_end", True):
+        if not stages.llm.probes_user_end:
             return turns.without_text()
-        return replace(turns, text_even_odds=getattr(stages.llm, "text_even_odds", turns.text_even_odds))
+        return replace(turns, text_even_odds=stages.llm.text_even_odds)
 
     def cancel_reply(self) -> None:
         self.apply(self.turns.cancel())
@@ -280,12 +280,12 @@ class Session:
         (its user message, and what was heard of its reply) the joined request replaces."""
         llm = self.stages.llm
         system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice,
-                            native=getattr(llm, "native_tools", False), wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
+                            native=llm.native_tools, wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
         return self.memory.prompt(system, user_text, joins)
 
     def tools_unfit_ahead(self) -> str | None:
         """Why a reply's first phrase may not be made in the pause, for its tools (voice.tool_turn.ahead_unfit)."""
-        native = getattr(self.stages.llm, "native_tools", False)
+        native = self.stages.llm.native_tools
         return ahead_unfit(self.persona, self.client_tools, self.client_tool_choice, native)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Task[Any] | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from voice.asr import Transcriber
 from voice.interjection import Lexicon
-from voice.llm_bridge import LlmBridge
+from voice.llm_stage import LlmStage
 from voice.phrase_audio import PhraseAudioCache
 from voice.reply import VoiceBinding, WorkCounter
 from voice.scheduler import DirectRunner, StageRunner
@@ -65,7 +65,7 @@ class Stages:
 
     make_vad: Callable[[], Vad]  # VADs keep per-stream state: one per session
     transcriber: Transcriber
-    llm: LlmBridge
+    llm: LlmStage  # voice.llm_bridge.LlmBridge over our engine, or voice.remote.llm.RemoteLlm
     voices: Mapping[str, VoiceBinding]
     turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
     tts_work: WorkCounter = field(default_factory=WorkCounter)

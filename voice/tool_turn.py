@@ -37,13 +37,6 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-async def warm_grammar(llm: Any) -> None:
-    """The engine tokenizer's grammar view, built once (~1 s) off the event loop (a remote LLM has none)."""
-    tokenizer = getattr(getattr(llm, "engine", None), "tokenizer", None)
-    if tokenizer is not None:
-        await asyncio.to_thread(constrain.warm, tokenizer)
-
-
 async def tool_reply(
     generate: Generate,
     messages: Sequence[tuple[str, str]],

@@ -180,7 +180,7 @@ class TurnShell:
         if text is not None:
             self.s.outbox.send("transcript.partial", turn_id=utt.turn_id, text=text)
         warming = utt.warm_task is not None and not utt.warm_task.done()
-        local = getattr(self.s.stages.llm, "local_cache", True)  # a remote server caches prefixes on its own
+        local = self.s.stages.llm.local_cache  # a remote server caches prefixes on its own
         if self.s.settings.warm_partials and local and not utt.paused and not warming and self.s.preempt.busy() is None:
             joins = utt.trace.info.get("joins")
             utt.warm_task = self.s.spawn(self.s.listener.warm, utt, lambda words: self.s.messages(words, joins))

@@ -38,8 +38,7 @@ class Histogram:
 
 def stage_counters(llm: Any) -> dict[str, tuple[float, str]]:
     """The LLM stage's own counters: the prefix cache across sessions (0 for a remote LLM)."""
-    prefix = getattr(llm, "prefix_cache_counts", None)  # the local engine's bridge; a remote LLM has none
-    hits, tokens = prefix() if prefix is not None else (0, 0)
+    hits, tokens = llm.prefix_cache_counts() if llm is not None else (0, 0)  # (0, 0) from a remote LLM
     return {
         "parley_llm_prefix_cache_hits_total": (hits, "Requests that copied their prompt's first tokens from another session's KV cache."),
         "parley_llm_prefix_cache_tokens_total": (tokens, "Prompt tokens those copies saved computing."),

@@ -23,6 +23,7 @@ from llm_engine.tool_format import ToolSpec
 from voice.llm_bridge import LlmError, LlmEvent, LlmFinish, LlmToken, ToolAsk
 from voice.remote.client import RemoteSpec, trace_headers
 from voice.remote.tool_wire import BadToolCall, CallAssembler, tool_fields, wire_messages
+from voice.turn_policy import TEXT_EVEN_ODDS
 
 _REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
 
@@ -151,9 +152,25 @@ class RemoteLlm:
             last = LlmFinish("length", last.prefill_ms, last.prefill_tokens, last.reused_tokens, 0, 0.0, None, 0)
         return last
 
+    @property
+    def text_even_odds(self) -> float:
+        """Never read (probes_user_end is False: a session's turn-taking leaves the text signal out)."""
+        return TEXT_EVEN_ODDS
+
     def system_with_tools(self, system: str, tools: Sequence[ToolSpec]) -> str | None:
         """Never asked (native_tools: the server renders the tools it is sent); here for the stage's shape."""
         return None
+
+    async def warm_grammar(self) -> None:
+        """No grammar here: the server binds its own calls."""
+
+    def other_requests(self, session_id: str) -> int:
+        """Unknown here (the server's queue is its own): 0, so a first phrase is made ahead as for an idle engine."""
+        return 0
+
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """The server's prefix cache is its own: nothing counted here."""
+        return 0, 0
 
     def release(self, session_id: str) -> None:
         """The server keeps or evicts the conversation's cache by its own policy."""
