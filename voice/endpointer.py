@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # voice.vad re-exports this module
+    from voice.vad import Vad
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Endpointer:
     @classmethod
     def for_vad(
         cls,
-        vad: object,
+        vad: Vad,
         threshold: float = 0.5,
         min_speech_ms: float = 200.0,
         hangover_ms: float = 600.0,
@@ -82,12 +86,12 @@ class Endpointer:
     ) -> "Endpointer":
         """An endpointer matched to a VAD backend's frame size and decision lag (0 when it has none)."""
         return cls(
-            getattr(vad, "frame_ms"),
+            vad.frame_ms,
             threshold,
             min_speech_ms,
             hangover_ms,
             neg_threshold,
-            end_lag_ms=float(getattr(vad, "end_lag_ms", 0.0)),
+            end_lag_ms=float(vad.end_lag_ms),
         )
 
     def reset(self) -> None:

@@ -124,7 +124,7 @@ class FirstPhrases:
         wait_ms = runner.recent_wait_ms()
         if wait_ms is not None and wait_ms > self.shed_wait_ms:
             return f"stage waits p95 {wait_ms:.0f} ms"
-        depth = getattr(getattr(runner, "stats", None), "depth", None) or {}
+        depth = runner.stats.depth if runner.stats is not None else {}
         if sum(n for priority, n in depth.items() if priority != "ahead") > 0:
             return "stage jobs queued"
         others = self.s.stages.llm.other_requests(self.s.session_id)

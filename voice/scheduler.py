@@ -52,9 +52,20 @@ class StageRunner(Protocol):
 
     def forget_recent(self) -> None: ...
 
+    def forget_key(self, key: str) -> None: ...  # a session ended: its busy time goes
+
     def on_each_worker(self, fn: Callable[[], None]) -> None: ...  # at load: per-thread first-call costs paid there
 
     def close(self) -> None: ...
+
+    @property
+    def stats(self) -> "WaitStats | None": ...  # waits and queue depths (None: no queue of its own)
+
+    @property
+    def busy_s(self) -> dict[str, float]: ...  # key (a session) -> worker-seconds its jobs took (admission)
+
+    @property
+    def stage_busy_s(self) -> dict[str, float]: ...  # stage -> worker-seconds in all (/metrics)
 
 
 class DirectRunner:
@@ -62,10 +73,17 @@ class DirectRunner:
 
     stats = None
 
+    def __init__(self) -> None:
+        self.busy_s: dict[str, float] = {}  # (nothing is measured: always empty)
+        self.stage_busy_s: dict[str, float] = {}
+
     def recent_wait_ms(self) -> float | None:
         return None
 
     def forget_recent(self) -> None:
+        pass
+
+    def forget_key(self, key: str) -> None:
         pass
 
     async def run(

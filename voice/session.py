@@ -239,7 +239,7 @@ class Session:
             for fn, args in early:
                 self.spawn(fn, *args)
             vad = await self.listener.start()
-            self.turns.listen(vad.frame_ms, float(getattr(vad, "end_lag_ms", 0.0)))
+            self.turns.listen(vad.frame_ms, float(vad.end_lag_ms))
             async for frame in self.listener.frames():
                 self.apply(self.turns.frame(frame.prob, frame.t_ms))
                 if self.listener.feed(frame.samples):

@@ -25,6 +25,7 @@ from voice.endpointer import (  # noqa: F401  (re-exported: the endpointer is pa
 class Vad(Protocol):
     frame_ms: int
     sample_rate: int
+    end_lag_ms: float  # how long it keeps saying "speech" after speech stops (voice.endpointer moves the end back)
 
     def speech_prob(self, frame: np.ndarray) -> float:
         """Probability that this frame (float32 [frame_ms * sample_rate / 1000]) holds speech."""

@@ -153,7 +153,7 @@ def create_app(
             gauges["parley_tts_active"] = state.runtime.stages.tts_work.active
             counters = stage_counters(state.runtime.stages.llm)
             counters.update(busy_counters(state.runtime))
-            queue = scheduler_exposition(getattr(state.runtime.stages.runner, "stats", None))
+            queue = scheduler_exposition(state.runtime.stages.runner.stats)
         counters.update(heap.pauses().counters())
         gauges["parley_gc_frozen_objects"] = gc.get_freeze_count()
         queue += state.telemetry.exposition()

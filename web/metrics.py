@@ -51,7 +51,7 @@ def busy_counters(runtime: Any) -> dict[str, tuple[float, str]]:
     out: dict[str, tuple[float, str]] = {
         "parley_llm_busy_seconds_total": (round(getattr(runtime.engine, "busy_total_s", 0.0), 3), "Seconds of engine steps."),
     }
-    stage_busy = dict(getattr(runtime.stages.runner, "stage_busy_s", {}))
+    stage_busy = dict(runtime.stages.runner.stage_busy_s)
     for stage in ("asr", "tts", "turn"):
         out[f"parley_{stage}_busy_seconds_total"] = (round(stage_busy.get(stage, 0.0), 3), f"Worker seconds of {stage} jobs.")
     phrases = runtime.stages.phrase_audio

@@ -53,9 +53,7 @@ class AppState:
         """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""
         self.sessions.pop(session_id, None)
         if self.runtime is not None:
-            forget = getattr(self.runtime.stages.runner, "forget_key", None)
-            if forget is not None:
-                forget(session_id)
+            self.runtime.stages.runner.forget_key(session_id)
         if not self.sessions:
             self.metrics.forget_recent()
             if self.runtime is not None:
@@ -96,7 +94,7 @@ class AppState:
         and stage jobs took."""
         engine_busy = self._engine_busy()
         runner = self.runtime.stages.runner if self.runtime is not None else None
-        stage_busy = dict(getattr(runner, "busy_s", {}))
+        stage_busy = dict(runner.busy_s) if runner is not None else {}
         busy = {sid: engine_busy.get(sid, 0.0) + stage_busy.get(sid, 0.0) for sid in self.sessions}
         return self.meter.observe(busy, time.monotonic() if now_s is None else now_s, time.process_time())
 

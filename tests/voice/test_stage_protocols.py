@@ -1,5 +1,5 @@
 """The LLM stage's protocol (voice.llm_stage.LlmStage): both kinds answer every member, and nothing in voice/ or web/
-probes the stage with getattr (issue 47: stages say what they offer)."""
+probes the LLM stage, the stage runner or the VAD with getattr (issue 47: stages say what they offer)."""
 from __future__ import annotations
 
 import re
@@ -24,8 +24,22 @@ def test_both_kinds_answer_every_member_of_the_protocol() -> None:
     assert remote.other_requests("s") == 0 and remote.prefix_cache_counts() == (0, 0)
 
 
-def test_nothing_probes_the_llm_stage_with_getattr() -> None:
-    probe = re.compile(r"getattr\([^,)]*\bllm\b")
+def test_both_runners_answer_what_admission_and_metrics_read() -> None:
+    from voice.scheduler import DirectRunner, StageScheduler
+    from voice.stage_queue import Policy
+
+    direct, scheduler = DirectRunner(), StageScheduler(Policy(workers=2, partial_workers=1, background_workers=1))
+    try:
+        for runner in (direct, scheduler):
+            runner.forget_key("s")
+            assert runner.busy_s == {} and runner.stage_busy_s == {}
+        assert direct.stats is None and scheduler.stats is not None
+    finally:
+        scheduler.close()
+
+
+def test_nothing_probes_the_llm_stage_the_runner_or_the_vad_with_getattr() -> None:
+    probe = re.compile(r"getattr\([^,)]*\b(llm|runner|vad)\b")
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
              for folder in ("voice", "web") for path in sorted((ROOT / folder).rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]  # fmt: skip
