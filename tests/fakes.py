@@ -59,6 +59,9 @@ class FakeTranscriber:
     """Hears `text` (empty for audio shorter than `min_audio_ms`), or with `by_length` [(min audio ms, text)] the
     text of the longest length the audio reaches; records each call's audio length."""
 
+    streams_partials = True
+    transcribe_batch = None
+
     def __init__(self, text: str = "what is the weather like today", delay_s: float = 0.0, min_audio_ms: float = 100.0,
                  by_length: list[tuple[float, str]] | None = None) -> None:  # fmt: skip
         self.text = text

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,6 +32,10 @@ class Transcript:
 
 
 class Transcriber(Protocol):
+    streams_partials: bool  # partial transcripts while the user speaks (a remote recogniser: finals only)
+    # several sessions' finals decoded as one batch, where the recogniser can (None: one at a time)
+    transcribe_batch: Callable[[list[np.ndarray]], list[Transcript]] | None
+
     def transcribe(self, audio: np.ndarray) -> Transcript:
         """Decode a whole utterance: float32 [N] at 16 kHz. Synchronous; call it from a worker thread."""
         ...
@@ -94,6 +98,8 @@ class WhisperTranscriber:
     3. a known silence hallucination ("thank you", "you") is dropped unless the model is sure of it.
     The lazy segment generator is consumed here, so callers in a worker thread get finished text.
     """
+
+    streams_partials = True
 
     def __init__(
         self,
@@ -282,7 +288,7 @@ class StreamingTranscriber:
         self._transcriber = transcriber
         self._runner: StageRunner = runner or DirectRunner()
         self._key = key
-        self._partials = getattr(transcriber, "streams_partials", True)  # a remote recogniser hears finals only
+        self._partials = transcriber.streams_partials  # a remote recogniser hears finals only
         self.partial_interval_ms = partial_interval_ms
         self.min_partial_audio_ms = min_partial_audio_ms
         self._agreement = LocalAgreement(agreement_n)
@@ -347,6 +353,6 @@ class StreamingTranscriber:
         return self._decode_final(self.audio())
 
     async def _decode_final(self, audio: np.ndarray) -> Transcript:
-        batch = getattr(self._transcriber, "transcribe_batch", None)  # finals of several sessions waiting at once
+        batch = self._transcriber.transcribe_batch  # finals of several sessions waiting at once
         ran = await self._runner.run("asr", Priority.WAITED, self._key, self._transcriber.transcribe, audio, batch=batch)
         return replace(ran.value, queue_ms=round(ran.wait_ms, 3))

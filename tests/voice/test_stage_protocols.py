@@ -1,5 +1,5 @@
 """The LLM stage's protocol (voice.llm_stage.LlmStage): both kinds answer every member, and nothing in voice/ or web/
-probes the LLM stage, the stage runner or the VAD with getattr (issue 47: stages say what they offer)."""
+probes the LLM stage, the recogniser, the stage runner or the VAD with getattr (issue 47: stages say what they offer)."""
 from __future__ import annotations
 
 import re
@@ -38,8 +38,8 @@ def test_both_runners_answer_what_admission_and_metrics_read() -> None:
         scheduler.close()
 
 
-def test_nothing_probes_the_llm_stage_the_runner_or_the_vad_with_getattr() -> None:
-    probe = re.compile(r"getattr\([^,)]*\b(llm|runner|vad)\b")
+def test_nothing_probes_the_llm_stage_the_recogniser_the_runner_or_the_vad_with_getattr() -> None:
+    probe = re.compile(r"getattr\([^,)]*(llm|runner|vad|transcriber)\b")
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
              for folder in ("voice", "web") for path in sorted((ROOT / folder).rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]  # fmt: skip

@@ -47,6 +47,9 @@ async def test_committed_never_changes_and_final_matches_offline(indices, tiny_t
 class RecordingTranscriber:
     """Fake Transcriber: returns scripted text and records the audio length and thread of each call."""
 
+    streams_partials = True
+    transcribe_batch = None
+
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         self.calls: list[tuple[int, int]] = []

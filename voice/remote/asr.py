@@ -20,6 +20,7 @@ from voice.remote.client import RemoteSpec, RemoteStageError, trace_headers
 
 class RemoteTranscriber:
     streams_partials = False
+    transcribe_batch = None  # each final is its own request: the server batches as it likes
 
     def __init__(self, spec: RemoteSpec) -> None:
         from openai import OpenAI  # lazy: only a remote stage needs the SDK loaded
