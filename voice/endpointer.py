@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # voice.vad re-exports this module
-    from voice.vad import Vad
+
+class VadTiming(Protocol):
+    """What an endpointer takes from a VAD backend (voice.vad.Vad has it): its frame and how long it keeps saying
+    "speech" after speech stops."""
+
+    frame_ms: int
+    end_lag_ms: float
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Endpointer:
     @classmethod
     def for_vad(
         cls,
-        vad: Vad,
+        vad: VadTiming,
         threshold: float = 0.5,
         min_speech_ms: float = 200.0,
         hangover_ms: float = 600.0,

@@ -19,13 +19,12 @@ from voice.endpointer import (  # noqa: F401  (re-exported: the endpointer is pa
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
+    VadTiming,
 )
 
 
-class Vad(Protocol):
-    frame_ms: int
+class Vad(VadTiming, Protocol):  # frame_ms; end_lag_ms: how long it says "speech" after speech stops
     sample_rate: int
-    end_lag_ms: float  # how long it keeps saying "speech" after speech stops (voice.endpointer moves the end back)
 
     def speech_prob(self, frame: np.ndarray) -> float:
         """Probability that this frame (float32 [frame_ms * sample_rate / 1000]) holds speech."""
