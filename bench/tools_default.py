@@ -39,7 +39,7 @@ def persona_prompts(wording: Callable[[str, Sequence[ToolSpec]], str | None] | N
                                                tools=("default",)))  # fmt: skip
     specs = tuple(t.spec for t in tools)
     persona = SimpleNamespace(toolbox=SimpleNamespace(specs=lambda: specs), tool_choice="auto", tools=tools)
-    return base, with_tools(base, persona, **({"wording": wording} if wording else {})), specs
+    return base, with_tools(base, persona, wording=wording or (lambda system, tools: None)), specs
 
 
 def _run(engine: Engine, session: str, messages: list[ChatMessage], n: int, constraint: object = None) -> tuple[str, object]:

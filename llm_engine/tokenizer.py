@@ -40,6 +40,7 @@ class Tokenizer:
             if isinstance(tid, int) and tid != hf_tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
         self.stop_ids: frozenset[int] = frozenset(stops)
+        self._tools_wording: dict[tuple[str, tuple[ToolSpec, ...]], str | None] = {}  # system_with_tools, once each
 
     @classmethod
     def from_folder(cls, folder: str | Path, *, stop_strings: Sequence[str] = ()) -> "Tokenizer":
@@ -89,9 +90,16 @@ class Tokenizer:
         """The system message's text that renders, without a tools argument, exactly as the template renders `system`
         with `tools` (its own tool section, worded as the model was trained); None where the template does not
         render tools in the system message alone. A session keeps this one text as its system prompt, so every
-        request of it (warm-up, prefill, reply) shares the tools in one cached prefix without passing them."""
+        request of it (warm-up, prefill, reply) shares the tools in one cached prefix without passing them. Asked on
+        every prompt a session builds, so each (system, tools) is rendered once."""
         if not tools or not system or not self.renders_tools:
             return None
+        key = (system, tuple(tools))
+        if key not in self._tools_wording:
+            self._tools_wording[key] = self._worded(system, tools)
+        return self._tools_wording[key]
+
+    def _worded(self, system: str, tools: Sequence[ToolSpec]) -> str | None:
         probe = [ChatMessage("system", system), ChatMessage("user", "Hello.")]
         plain, tooled = self.render_chat(probe), self.render_chat(probe, tools=tools)
         at = plain.find(system)
