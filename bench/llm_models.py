@@ -13,8 +13,7 @@ from bench.llm_speed import run_llama_cpp, run_plain
 from bench.model_shapes import SHAPES, write
 
 from llm_engine.engine import Engine
-from llm_engine.native.build import load
-from llm_engine.native.decoder import kernels_used
+from llm_engine.native.decoder import default_kernel, kernels_used
 from llm_engine.prepare import prepare
 from llm_engine.request import ChatMessage, GenerateRequest, SamplingParams
 from llm_engine.threads import on_own_thread
@@ -82,7 +81,7 @@ def shapes_table(names: list[str], qtypes: list[str], cache: Path, smol_folder: 
             prompt = list(range(1000, 1040))
             on_own_thread(lambda: run_plain(model, prompt[:8], 4, compiled=True))  # warm-up
             ours = max(on_own_thread(lambda: run_plain(model, prompt, n, compiled=True))[1] for _ in range(2))
-            kernels = kernels_used(model, bool(load().parley_features() & 1))
+            kernels = kernels_used(model, default_kernel())
             del model
             lc = run_llama_cpp(path, prompt, n) if llama_cpp else "skipped"
             lc_tps = lc[1] if not isinstance(lc, str) else None
@@ -102,7 +101,7 @@ def alternating_table(files: dict[str, Path], runs: int = 3, n: int = 32, llama_
     for label, path in files.items():
         model = on_own_thread(lambda: prepare(path, device="cpu", dtype="float32", max_seq_len=512, quant="int4",
                                               group_size=32, self_draft="none", kv_cache="auto").model)  # fmt: skip
-        kernels = kernels_used(model, bool(load().parley_features() & 1))
+        kernels = kernels_used(model, default_kernel())
         prompt = list(range(1000, 1040))
         on_own_thread(lambda: run_plain(model, prompt[:8], 4, compiled=True))  # warm-up
         ours, theirs, why = [], [], ""

@@ -51,14 +51,16 @@ def cache_for(model: Transformer) -> StaticKVCache:
 
 
 @torch.inference_mode()
-def run_plain(model: Transformer, prompt: list[int], n: int, *, compiled: bool = False) -> tuple[float, float, list[int]]:
+def run_plain(
+    model: Transformer, prompt: list[int], n: int, *, compiled: bool = False, int8_dot: bool | str | None = None
+) -> tuple[float, float, list[int]]:
     """-> (ttft_ms, decode tok/s, tokens) greedy, one request, slot 0. compiled: decode steps through the
-    compiled CPU step (llm_engine/native); the prefill is torch either way."""
+    compiled CPU step (llm_engine/native, its int8_dot as NativeDecoder's); the prefill is torch either way."""
     cache = cache_for(model)
     if compiled:
         from llm_engine.native.decoder import NativeDecoder
 
-        native = NativeDecoder(model, cache)
+        native = NativeDecoder(model, cache, int8_dot=int8_dot)
         step = lambda token, pos: native.decode([token], [pos], [0])[0]  # noqa: E731
     else:
         step = lambda token, pos: model(torch.tensor([[token]]), torch.tensor([[pos]]), cache, [0], kv_len=pos + 1)[0, -1]  # noqa: E731

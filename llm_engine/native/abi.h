@@ -7,6 +7,8 @@ extern "C" {
 
 enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_INT4 = 2 };
 enum { KV_F32 = 0, KV_HALF = 1, KV_INT8 = 2 };
+// PModel.int4_dot: which int8-input kernel the layers that fit take (0: none, the float kernels).
+enum { INT8DOT_VNNI = 1, INT8DOT_PORTABLE = 2, INT8DOT_AVX2 = 3 };
 
 struct PLinear {
     int32_t kind;        // KIND_*
@@ -37,8 +39,8 @@ struct PLayer {
 
 struct PModel {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter, vocab, max_seq, n_slots, max_rows;
-    int32_t int4_dot;         // int4 layers take the int8-input dot product: 1 on AVX-512 VNNI where it is compiled
-                              // in (else the portable loops), 2 the portable loops (int8dot_portable.h); 0: not
+    int32_t int4_dot;         // INT8DOT_*: int4 (and int8) layers take the int8-input dot product on AVX-512 VNNI or
+                              // AVX2 where compiled in (else the portable loops), or the portable loops; 0: not
     int32_t kv_kind;          // KV_* : the KV cache's element
     int32_t gelu;             // the MLP's gate: 1 tanh-approximated gelu (GeGLU, Gemma), 0 silu (SwiGLU)
     float eps;

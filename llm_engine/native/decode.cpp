@@ -28,13 +28,16 @@
 
 extern "C" {
 
-// Bit 0: the int4 x int8 (AVX-512 VNNI) path is compiled in.
+// Bit 0: the int8-input kernels on AVX-512 VNNI are compiled in; bit 1: those on AVX2 (int8dot_avx2.h).
 int32_t parley_features(void) {
+    int32_t bits = 0;
 #ifdef PARLEY_INT4_VNNI
-    return 1;
-#else
-    return 0;
+    bits |= 1;
 #endif
+#ifdef PARLEY_INT8DOT_AVX2
+    bits |= 2;
+#endif
+    return bits;
 }
 
 int32_t parley_abi(void) { return (int32_t)(sizeof(PLinear) * 1000 + sizeof(PLayer) * 10 + sizeof(PModel) % 10); }

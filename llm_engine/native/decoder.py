@@ -53,6 +53,8 @@ class PModel(ctypes.Structure):
 
 
 KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # KV_* in abi.h
+INT8DOT_CODES = {None: 0, "vnni": 1, "portable": 2, "avx2": 3}  # INT8DOT_* in abi.h
+_KERNEL_NAMES = {"vnni": "VNNI", "avx2": "AVX2"}
 _ERRORS = {1: "row count", 2: "token id", 3: "position", 4: "slot", 5: "a slot's run of positions"}
 
 
@@ -81,18 +83,21 @@ def _linears(model: Transformer) -> list[nn.Module]:
     return out + ([model.lm_head] if model.lm_head is not None else [])
 
 
-def kernels_used(model: Transformer, int8_dot: bool | Literal["portable"]) -> str:
+def kernels_used(model: Transformer, int8_kernel: str | None) -> str:
     """What the step's matrix products actually run on, by matrix count: "int4 on the int8-input VNNI kernel with
-    float16 scales: 96 matrices; int8: 1 matrix". int8_dot "portable": the int8-input product in plain loops."""
+    float16 scales: 96 matrices; int8: 1 matrix". int8_kernel: NativeDecoder.int8_kernel ("vnni", "avx2",
+    "portable": the int8-input product in plain loops, or None: the float kernels)."""
     counts: dict[str, int] = {}
     for layer in _linears(model):
         if isinstance(layer, Int4WeightOnlyLinear):
             pairs = torch.stack([layer.scales, layer.minimums], -1)
             scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if torch.equal(pairs.half().float(), pairs) else "float32 scales"
-            kind = ("int4 on the float kernel" if not int8_dot else "int4 on the int8-input portable kernel"
-                    if int8_dot == "portable" else f"int4 on the int8-input VNNI kernel with {scales}")  # fmt: skip
+            kind = ("int4 on the float kernel" if not int8_kernel else "int4 on the int8-input portable kernel"
+                    if int8_kernel == "portable" else f"int4 on the int8-input {_KERNEL_NAMES[int8_kernel]} kernel with {scales}")  # fmt: skip
+        elif isinstance(layer, Int8WeightOnlyLinear):
+            kind = f"int8 on the int8-input {_KERNEL_NAMES[int8_kernel]} kernel" if int8_kernel in ("vnni", "avx2") else "int8"
         else:
-            kind = "int8" if isinstance(layer, Int8WeightOnlyLinear) else "float32"
+            kind = "float32"
         counts[kind] = counts.get(kind, 0) + 1
     if model.lm_head is None:
         counts["float32 (the tied head)"] = 1
@@ -168,13 +173,14 @@ class NativeDecoder:
 
     def __init__(
         self, model: Transformer, cache: StaticKVCache, *, threads: int | None = None,
-        int8_dot: bool | Literal["portable"] | None = None,
+        int8_dot: bool | Literal["portable", "avx2"] | None = None,
     ) -> None:
-        """int8_dot: int4 layers take the int8-input product (the input split into two int8 parts per 32 values,
-        ~16 bits): on the AVX-512 VNNI kernel, ~2x faster than the float kernel, or, where the CPU (or compiler)
-        has no VNNI or when "portable" is asked for, the same arithmetic in plain loops (slower than the float
-        kernel: for tests on every machine); None = the VNNI kernel where the CPU has it, else the float kernel.
-        threads: None = torch's count at each call."""
+        """int8_dot: int4 and int8 layers take the int8-input product (the input split into two int8 parts per 32
+        values, ~16 bits): True = the fastest kernel compiled in (AVX-512 VNNI, ~2x the float kernel, else AVX2's
+        maddubs), "avx2" = the AVX2 one even where VNNI is there (tests and benchmarks of the CPUs most people
+        have), "portable" = the same arithmetic in plain loops (slower than the float kernel: for tests on every
+        machine); None = True where a fast kernel is compiled in, else the float kernels. threads: None = torch's
+        count at each call."""
         reason = unsupported(model, cache)
         if reason is not None:
             raise ValueError(f"the compiled decode step cannot run this model: {reason}")
@@ -183,12 +189,17 @@ class NativeDecoder:
         if self.lib.parley_abi() != abi:
             raise NativeUnavailable(f"decode.cpp's structs do not match decoder.py's ({self.lib.parley_abi()} != {abi})")
         self.model, self.cache, self.threads = model, cache, threads
-        has_dot = bool(self.lib.parley_features() & 1)
-        if int8_dot not in (None, True, False, "portable"):
-            raise ValueError(f"int8_dot is True, False, 'portable' or None, not {int8_dot!r}")
-        self.int8_dot = has_dot if int8_dot is None else bool(int8_dot)
-        # which int8-input kernel: "vnni", "portable" (no VNNI here, or asked for), or None (the float kernel)
-        self.int8_kernel = None if not self.int8_dot else "vnni" if has_dot and int8_dot != "portable" else "portable"
+        compiled = compiled_kernels()
+        if int8_dot not in (None, True, False, "portable", "avx2"):
+            raise ValueError(f"int8_dot is True, False, 'portable', 'avx2' or None, not {int8_dot!r}")
+        self.int8_dot = bool(compiled) if int8_dot is None else bool(int8_dot)
+        # which int8-input kernel: "vnni", "avx2", "portable" (none compiled here, or asked for), or None (the float kernels)
+        if not self.int8_dot:
+            self.int8_kernel: str | None = None
+        elif int8_dot in ("portable", "avx2"):
+            self.int8_kernel = int8_dot if int8_dot in compiled or int8_dot == "portable" else "portable"
+        else:
+            self.int8_kernel = compiled[0] if compiled else "portable"
         if model.rope_cos.shape[0] < cache.max_seq_len or model.rope_cos_local.shape[0] < cache.max_seq_len:
             raise ValueError(f"the model's rope table ({model.rope_cos.shape[0]}) is shorter than the cache")
         cfg = model.cfg
@@ -210,7 +221,7 @@ class NativeDecoder:
                 else describe_dense(model.embed_tokens.weight, None, keep))  # fmt: skip
         self._desc = PModel(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, {None: 0, "vnni": 1, "portable": 2}[self.int8_kernel],
+            cfg.vocab_size, cache.max_seq_len, cache.num_slots, MAX_ROWS, INT8DOT_CODES[self.int8_kernel],
             KV_KINDS[cache.k.dtype], int(cfg.hidden_act == "gelu_tanh"), cfg.rms_norm_eps, cfg.embed_scale,
             _ptr(model.embed_tokens.weight, keep), _ptr(model.norm.weight, keep), head,
             *(_ptr(t[: cache.max_seq_len], keep) for t in (model.rope_cos, model.rope_sin, model.rope_cos_local, model.rope_sin_local)),
@@ -258,6 +269,18 @@ class NativeDecoder:
         return logits
 
 
+def compiled_kernels() -> list[str]:
+    """The int8-input kernels the library built for this CPU has, fastest first: "vnni", "avx2"; [] where neither."""
+    features = load().parley_features()
+    return [name for bit, name in ((1, "vnni"), (2, "avx2")) if features & bit]
+
+
+def default_kernel() -> str | None:
+    """The int8-input kernel a NativeDecoder takes unless told otherwise (None: the float kernels)."""
+    kernels = compiled_kernels()
+    return kernels[0] if kernels else None
+
+
 def native_decoder(model: Transformer, cache: StaticKVCache, *, required: bool) -> tuple[NativeDecoder | None, str]:
     """-> (the compiled step, or None where it cannot run here, and a line saying which path decode takes
     and why). required: raise ValueError instead of returning None."""
@@ -265,7 +288,7 @@ def native_decoder(model: Transformer, cache: StaticKVCache, *, required: bool) 
     if reason is None:
         try:
             decoder = NativeDecoder(model, cache)
-            return decoder, f"compiled CPU step ({kernels_used(model, decoder.int8_dot)})"
+            return decoder, f"compiled CPU step ({kernels_used(model, decoder.int8_kernel)})"
         except NativeUnavailable as exc:
             reason = str(exc)
     if required:

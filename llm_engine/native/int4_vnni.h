@@ -21,17 +21,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kblock.h"
 #include "vec16.h"
 
 namespace int4_vnni {
 
-// A GGUF Q4_K super-block's factors, 24 bytes per 256 weights (llama.cpp reads 16 for them): the (scale,
-// minimum) of group g is (d * sm[2g], nmin * sm[2g + 1]) in float32, exactly what the layer's float32 pairs hold.
-struct KBlock {
-    uint8_t sm[16];  // 6-bit scale and minimum multipliers per group of 32, interleaved
-    float d, nmin;   // the super-block's scale and its negated minimum scale (-dmin)
-};
-static_assert(sizeof(KBlock) == 24, "KBlock is 24 bytes");
+using kblock::KBlock;
 
 // Layers this path takes: whole pairs of blocks, and a group that is one block or whole pairs.
 inline bool fits(int k, int group) { return k % 64 == 0 && (group == 32 || group % 64 == 0); }

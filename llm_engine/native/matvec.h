@@ -1,5 +1,6 @@
 // Matrix-vector products for every weight kind the decode step reads, each written once against
-// vec16 (float paths) or int4_vnni (int4 x int8 on AVX-512 VNNI; int8dot_portable the same in plain loops):
+// vec16 (float paths) or an int8-input kernel (int4_vnni and int8_vnni on AVX-512 VNNI, int8dot_avx2 on AVX2,
+// int8dot_portable the same arithmetic in plain loops):
 // y = W x + b for up to kMaxRows inputs at once, so a batched step reads each weight once.
 #pragma once
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "barrier.h"
 #include "int4_vnni.h"
 #include "int8_vnni.h"
+#include "int8dot_avx2.h"
 #include "int8dot_portable.h"
 #include "vec16.h"
 
@@ -159,33 +161,39 @@ struct Input {
     std::vector<float> xp, xsum;    // float int4 path: nibble order, per group sums
     std::vector<int8_t> xq;         // int8 int4 path: two int8 parts per block (hi, then lo), pair order
     std::vector<float> dx, xs;      // int8 int4 path: block scales, block sums / 8, per lane (portable: per block)
-    int int8_dot = 0;               // int4 layers that fit take the int8 path: 1 VNNI where compiled in, 2 portable
+    int int8_dot = 0;               // layers that fit take the int8-input path: INT8DOT_* (abi.h)
 
     Input(int rows, int widest, int dot)
         : xp((size_t)rows * widest), xsum((size_t)rows * widest), xq((size_t)2 * rows * widest),
           dx((size_t)rows * widest / 4 + 16), xs((size_t)rows * widest / 4 + 16), int8_dot(dot) {}
 };
 
-enum class Int4Path { kFloat, kInt8Dot, kInt8DotPortable, kAnyGroup };
+enum class Int4Path { kFloat, kInt8Dot, kInt8DotAvx2, kInt8DotPortable, kAnyGroup };
 
 inline Int4Path int4_path(const PLinear& L, const Input& p) {
     if (p.int8_dot && int8dot::takes(L)) {
 #ifdef PARLEY_INT4_VNNI
-        if (p.int8_dot == 1) return Int4Path::kInt8Dot;
+        if (p.int8_dot == INT8DOT_VNNI) return Int4Path::kInt8Dot;
+#endif
+#ifdef PARLEY_INT8DOT_AVX2
+        if (p.int8_dot == INT8DOT_AVX2) return Int4Path::kInt8DotAvx2;
 #endif
         return Int4Path::kInt8DotPortable;
     }
     return int4_fast(L) ? Int4Path::kFloat : Int4Path::kAnyGroup;
 }
 
-// int8 layers take the int8-input VNNI kernel where it is compiled in and asked for (int8_vnni.h).
-inline bool int8_takes_dot(const PLinear& L, const Input& p) {
+// Which int8-input kernel an int8 layer takes: INT8DOT_VNNI or INT8DOT_AVX2 where compiled in and asked for, else
+// 0 (the float kernel: the portable loops are only the int4 layers' reference).
+inline int int8_takes_dot(const PLinear& L, const Input& p) {
 #ifdef PARLEY_INT4_VNNI
-    return p.int8_dot == 1 && int8_vnni::fits(L.k);
-#else
-    (void)L, (void)p;
-    return false;
+    if (p.int8_dot == INT8DOT_VNNI && int8_vnni::fits(L.k)) return INT8DOT_VNNI;
 #endif
+#ifdef PARLEY_INT8DOT_AVX2
+    if (p.int8_dot == INT8DOT_AVX2 && L.k % 32 == 0) return INT8DOT_AVX2;
+#endif
+    (void)L, (void)p;
+    return 0;
 }
 
 // Output rows [j0, j1) against R inputs, written (or added) to y with the bias: the loop over rows sits
@@ -233,6 +241,28 @@ void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int yst
                 break;
             }
 #endif
+#ifdef PARLEY_INT8DOT_AVX2
+            case Int4Path::kInt8DotAvx2: {
+                const size_t dm_row = (size_t)(L.k / L.group) * 2;
+                const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k;
+                const uint8_t* w = (const uint8_t*)L.w;
+                auto with = [&](const auto* dm, size_t per_row) {
+                    run([&](int j, float* out) {
+                        int8dot_avx2::int4_rows<R, lanes<R>()>(w + (size_t)j * (L.k / 2), dm + j * per_row, L.k, L.group,
+                                                                hi, lo, p.dx.data(), p.xs.data(), out);
+                    });
+                };
+                if (L.kblocks) {
+                    const auto* kb = (const kblock::KBlock*)L.kblocks;
+                    run([&](int j, float* out) {
+                        int8dot_avx2::int4_k_rows<R>(w + (size_t)j * (L.k / 2), kb + (size_t)j * (L.k / 256), L.k, hi, lo,
+                                                     p.dx.data(), p.xs.data(), out);
+                    });
+                } else if (L.dm) with(L.dm, dm_row);
+                else with(L.dm32, dm_row);
+                break;
+            }
+#endif
             case Int4Path::kInt8DotPortable: {
                 const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k;
                 run([&](int j, float* out) { int8dot::rows<R>(L, j, hi, lo, p.dx.data(), p.xs.data(), out); });
@@ -242,15 +272,24 @@ void rows_of(const PLinear& L, int j0, int j1, const Input& p, float* y, int yst
             default: run([&](int j, float* out) { int4_row_any_group(L, j, R, x, out); });
         }
     } else if (L.kind == KIND_INT8) {
+        const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k, *w = (const int8_t*)L.w;
 #ifdef PARLEY_INT4_VNNI
-        if (int8_takes_dot(L, p)) {
-            const int8_t *hi = p.xq.data(), *lo = hi + (size_t)R * L.k, *w = (const int8_t*)L.w;
+        if (int8_takes_dot(L, p) == INT8DOT_VNNI) {
             run([&](int j, float* out) {
                 int8_vnni::rows<R, lanes<R>()>(w + (size_t)j * L.k, L.scales[j], L.k, hi, lo, p.dx.data(), out);
             });
             return;
         }
 #endif
+#ifdef PARLEY_INT8DOT_AVX2
+        if (int8_takes_dot(L, p) == INT8DOT_AVX2) {
+            run([&](int j, float* out) {
+                int8dot_avx2::int8_rows<R, lanes<R>()>(w + (size_t)j * L.k, L.scales[j], L.k, hi, lo, p.dx.data(), out);
+            });
+            return;
+        }
+#endif
+        (void)hi, (void)lo, (void)w;
         run([&](int j, float* out) { dense_rows<R, int8_t>(L, j, x, out); });
     } else {
         run([&](int j, float* out) { dense_rows<R, float>(L, j, x, out); });
@@ -269,14 +308,24 @@ constexpr RowsFn pick(int rows, std::integer_sequence<int, R...>) {
 inline void prepare(const PLinear& L, int rows, const float* x, Input& in) {
     in.x = x;
 #ifdef PARLEY_INT4_VNNI
-    if (L.kind == KIND_INT8 && int8_takes_dot(L, in))
+    if (L.kind == KIND_INT8 && int8_takes_dot(L, in) == INT8DOT_VNNI)
         int8_vnni::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data());
+#endif
+#ifdef PARLEY_INT8DOT_AVX2
+    if (L.kind == KIND_INT8 && int8_takes_dot(L, in) == INT8DOT_AVX2)
+        int8dot_avx2::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data(), false);
 #endif
     if (L.kind != KIND_INT4) return;
     const Int4Path path = int4_path(L, in);
     if (path == Int4Path::kFloat) prepare_int4_input(L, rows, x, in.xp.data(), in.xsum.data());
     if (path == Int4Path::kInt8DotPortable)
         int8dot::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data());
+#ifdef PARLEY_INT8DOT_AVX2
+    if (path == Int4Path::kInt8DotAvx2 && L.kblocks)
+        int8dot_avx2::prepare_k(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data());
+    else if (path == Int4Path::kInt8DotAvx2)
+        int8dot_avx2::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data(), true);
+#endif
 #ifdef PARLEY_INT4_VNNI
     if (path == Int4Path::kInt8Dot)
         int4_vnni::prepare(rows, L.k, x, in.xq.data(), in.xq.data() + (size_t)rows * L.k, in.dx.data(), in.xs.data());

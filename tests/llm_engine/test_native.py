@@ -27,8 +27,9 @@ def has_int8_dot() -> bool:
 
 
 # The float kernel; the int8-input product as a decoder asked for it gets it (AVX-512 VNNI where the CPU has it, else
-# the portable loops); and the portable loops forced, so they are tested on every machine, VNNI or not.
-INT8_DOT = [False, True, "portable"]
+# AVX2's); AVX2's forced (compiled in wherever the CPU has AVX2, VNNI or not: the kernel most people's CPUs take);
+# and the portable loops forced, so they are tested on every machine.
+INT8_DOT = [False, True, "avx2", "portable"]
 
 
 def tiny(
@@ -168,17 +169,22 @@ def test_the_portable_int8_input_loops_compute_what_the_vnni_kernel_does(group_s
     layer's input (measured 8e-5 and 1.2e-4 of the largest logit, as far as either is from the float kernel), and
     neither is the float kernel's result."""
     model = tiny("int4", group_size=group_size)
-    caches = {mode: cache_for(model) for mode in ("float", "portable", "asked")}
+    caches = {mode: cache_for(model) for mode in ("float", "portable", "asked", "avx2")}
     for cache in caches.values():
         prefill(model, [cache], 0, [3, 1, 4, 1, 5])
     decoders = {"float": NativeDecoder(model, caches["float"], int8_dot=False),
                 "portable": NativeDecoder(model, caches["portable"], int8_dot="portable"),
-                "asked": NativeDecoder(model, caches["asked"], int8_dot=True)}  # fmt: skip
+                "asked": NativeDecoder(model, caches["asked"], int8_dot=True),
+                "avx2": NativeDecoder(model, caches["avx2"], int8_dot="avx2")}  # fmt: skip
     assert decoders["portable"].int8_kernel == "portable" and decoders["float"].int8_kernel is None
-    assert decoders["asked"].int8_kernel == ("vnni" if has_int8_dot() else "portable")
+    avx2 = bool(build.load().parley_features() & 2)
+    assert decoders["asked"].int8_kernel == ("vnni" if has_int8_dot() else "avx2" if avx2 else "portable")
+    assert decoders["avx2"].int8_kernel == ("avx2" if avx2 else "portable")
     assert "int8-input portable kernel" in kernels_used(model, "portable")
+    assert "int8-input AVX2 kernel" in kernels_used(model, "avx2")
     got = {mode: d.decode([9], [5], [0]) for mode, d in decoders.items()}
     assert relative_error(got["portable"], got["asked"]) < 5e-4
+    assert relative_error(got["portable"], got["avx2"]) < 5e-4
     assert not torch.equal(got["portable"], got["float"])  # the int8-input rounding, not the float kernel
     assert relative_error(got["portable"], got["float"]) < 2e-3
 
@@ -270,7 +276,7 @@ def test_scales_float16_cannot_hold_are_read_as_float32() -> None:
     got = decoder.decode([16], [3], [0])
     assert relative_error(got, reference_step(model, ref_cache, [16], [3], [0])) < 2e-3
     if decoder.int8_dot:
-        assert "with float32 scales" in kernels_used(model, True)
+        assert "with float32 scales" in kernels_used(model, "vnni")
 
 
 def test_from_float_int4_scales_are_float16_values() -> None:
