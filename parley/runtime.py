@@ -65,21 +65,26 @@ class Runtime:
 def personas(cfg: AppConfig, support: ToolSupport = NOT_LOADED) -> dict[str, PersonaSpec]:
     """The personas as sessions use them. `support`: whether the LLM can call tools (tool_offer.llm_tool_support),
     which decides what `tools: auto` offers; not known until the LLM stage is loaded (then auto offers none)."""
-    v = cfg.vad
     specs = {}
-    for name, p in cfg.persona_defs.items():
-        tools, why = persona_tools(name, p, support, time_zone=cfg.tools_time_zone)
-        specs[name] = PersonaSpec(
-            name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
-            speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
-            tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why,
-            lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
-                v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words,
-                v.thinking),
-        )  # fmt: skip
+    for name in cfg.persona_defs:
+        specs[name] = spec = persona_spec(cfg, name, support)
         if support is not NOT_LOADED:
-            log.info("persona %s: tools %s (%s)", name, ", ".join(t.spec.name for t in tools) or "none", why)
+            log.info("persona %s: tools %s (%s)", name, ", ".join(t.spec.name for t in spec.tools) or "none", spec.tools_why)
     return specs
+
+
+def persona_spec(cfg: AppConfig, name: str, support: ToolSupport = NOT_LOADED) -> PersonaSpec:
+    """One persona as sessions use it (see personas)."""
+    v, p = cfg.vad, cfg.persona_defs[name]
+    tools, why = persona_tools(name, p, support, time_zone=cfg.tools_time_zone)
+    return PersonaSpec(
+        name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
+        speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
+        tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why,
+        lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
+            v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words,
+            v.thinking),
+    )  # fmt: skip
 
 
 def persona_tools(name: str, p: Any, support: ToolSupport = NOT_LOADED, time_zone: str = "") -> tuple[tuple[Any, ...], str]:
@@ -332,6 +337,28 @@ def warm(runtime: Runtime) -> None:
     stages.runner.on_each_worker(on_a_worker)
 
 
+def pin_persona_prompt(runtime: Runtime, cfg: AppConfig) -> None:
+    """The default persona's system prompt (its tools worded as sessions word them) through our engine once, at start:
+    the engine pins a system prompt's keys and values (llm_engine.prefix_pins), so the first conversation copies
+    them instead of computing them while its user waits. Later ones found the first one's pin anyway; the first paid
+    the whole prompt: a 384-token prompt of the 1.5B took 13.6 s of its first turn (docs/models.md)."""
+    if runtime.engine is None or "llm" not in runtime.served or not getattr(runtime.engine, "prefix_cache", False):
+        return
+    from llm_engine.engine import ChatMessage, GenerateRequest, SamplingParams
+    from voice.tool_turn import with_tools
+
+    llm = runtime.stages.llm
+    persona = persona_spec(cfg, cfg.default_persona, llm_tool_support(llm))
+    system = with_tools(persona.system_prompt, persona, native=llm.native_tools, wording=llm.system_with_tools)
+    request = GenerateRequest(PIN_SESSION, (ChatMessage("system", system),), SamplingParams(max_new_tokens=0))
+    for _ in runtime.engine.submit(request):
+        pass
+    runtime.engine.release(PIN_SESSION)
+
+
+PIN_SESSION = "__persona__"
+
+
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:
     """A persona offered tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
     off the event loop, so the first tool turn does not pay for it (LlmBridge.warm_grammar then finds it)."""
@@ -355,6 +382,8 @@ def load_and_warm(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessi
     def load_warmed() -> Runtime:
         runtime = load(cfg, stages=stages, sessions=sessions)
         warm(runtime)
+        if sessions:
+            pin_persona_prompt(runtime, cfg)
         return runtime
 
     return on_own_thread(load_warmed, name="parley-load")

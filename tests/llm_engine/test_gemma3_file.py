@@ -83,7 +83,7 @@ def test_int4_keeps_the_types_as_stored_and_stays_close(path, expected) -> None:
     Greedy tokens equal the reference's until a near-tie (top-two margin < 0.5), logit cosine > 0.99 throughout."""
     model = load(path, "int4").model
     kinds = kernels_used(model, "vnni")
-    assert "Q4_K factors: 27 matrices" in kinds and "int8: 46 matrices" in kinds, kinds  # 45 projections + the head
+    assert "Q4_K factors: 27 matrices" in kinds and "int8 on the int8-input VNNI kernel: 46 matrices" in kinds, kinds  # 45 projections + the head
     assert not any(isinstance(m, torch.nn.Linear) for m in model.layers.modules())
     assert isinstance(model.lm_head, Int8WeightOnlyLinear) and model.lm_head.out_features == 262_144
     assert sum(isinstance(m, Int4WeightOnlyLinear) for m in model.modules()) == 27

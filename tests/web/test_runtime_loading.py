@@ -1,5 +1,6 @@
 """load_and_warm runs on a thread of its own that is gone when it returns, and hands its errors back; warm() runs
-the recogniser on speech."""
+the recogniser on speech; the default persona's prompt goes through the engine once, as a session's first warm-up
+would send it, so the engine pins it."""
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,9 @@ def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(rt, "load", fake_load)
     monkeypatch.setattr(rt, "warm", lambda runtime: seen.append(threading.current_thread()))
+    monkeypatch.setattr(rt, "pin_persona_prompt", lambda runtime, cfg: seen.append(threading.current_thread()))
     assert rt.load_and_warm(load_config(None)) is sentinel
-    assert len(seen) == 2 and seen[0] is seen[1]
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]
     assert seen[0] is not threading.current_thread() and not seen[0].is_alive()  # its OpenMP pool went with it
 
 
@@ -73,3 +75,46 @@ def test_the_recogniser_and_turn_model_are_warmed_on_speech_the_first_voice_said
     rt.warm(rt.Runtime(stages=SimpleNamespace(voices={}, transcriber=stages.transcriber, turn_model=None,
                                               runner=DirectRunner()), engine=None, sessions=False))  # type: ignore[arg-type]
     assert len(heard) == 1 and len(heard[0][1]) == 16000 and abs(float(heard[0][1].mean())) < 0.01  # no local voice: noise
+
+
+class _Engine:
+    """What pin_persona_prompt uses of the engine: submit (iterated to its end), release, prefix_cache."""
+
+    prefix_cache = True
+
+    def __init__(self) -> None:
+        self.requests: list = []
+        self.released: list[str] = []
+
+    def submit(self, request):
+        self.requests.append(request)
+        return iter(())
+
+    def release(self, session_id: str) -> None:
+        self.released.append(session_id)
+
+
+def _llm(wording):
+    return SimpleNamespace(native_tools=False, system_with_tools=wording, supports_tools=False)
+
+
+def test_the_default_personas_system_prompt_is_prefilled_once_as_a_session_words_it() -> None:
+    from voice.tool_turn import with_tools
+
+    cfg = load_config(None)
+    engine = _Engine()
+    runtime = rt.Runtime(stages=SimpleNamespace(llm=_llm(lambda text, tools: None)), engine=engine)  # type: ignore[arg-type]
+    rt.pin_persona_prompt(runtime, cfg)
+    (request,) = engine.requests
+    persona = rt.persona_spec(cfg, cfg.default_persona, rt.llm_tool_support(runtime.stages.llm))
+    want = with_tools(persona.system_prompt, persona, native=False, wording=runtime.stages.llm.system_with_tools)
+    assert [(m.role, m.content) for m in request.messages] == [("system", want)]  # what Session.messages() starts with
+    assert persona.system_prompt in want and request.sampling.max_new_tokens == 0  # a prefill: the engine pins it
+    assert engine.released == [request.session_id]
+    # nothing to pin: a remote LLM (no engine), stages without the LLM, or an engine without the prefix cache
+    for runtime in (rt.Runtime(stages=runtime.stages, engine=None),  # type: ignore[arg-type]
+                    rt.Runtime(stages=runtime.stages, engine=engine, served=frozenset({"asr"}))):  # type: ignore[arg-type]
+        rt.pin_persona_prompt(runtime, cfg)
+    engine.prefix_cache = False
+    rt.pin_persona_prompt(rt.Runtime(stages=runtime.stages, engine=engine), cfg)  # type: ignore[arg-type]
+    assert len(engine.requests) == 1
