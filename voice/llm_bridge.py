@@ -191,3 +191,12 @@ class LlmBridge:
     def prefix_cache_counts(self) -> tuple[int, int]:
         """(requests that copied a prompt prefix from another session's slot, tokens those copies saved)."""
         return int(getattr(self.engine, "prefix_hits", 0)), int(getattr(self.engine, "prefix_tokens", 0))
+
+    def busy_seconds(self) -> tuple[float, dict[str, float]]:
+        """(seconds of engine steps, each session's share of them), as the engine thread last wrote them."""
+        return float(getattr(self.engine, "busy_total_s", 0.0)), dict(getattr(self.engine, "busy_s", {}))
+
+    @property
+    def decode_path(self) -> str | None:
+        """Which path the engine's decode steps take, and why (llm_engine.batch.StepDecoder)."""
+        return getattr(self.engine, "decode_path", None)

@@ -47,3 +47,13 @@ class LlmStage(Protocol):
     def prefix_cache_counts(self) -> tuple[int, int]:
         """(requests that copied a prompt prefix from another session's slot, tokens those copies saved)."""
         ...
+
+    def busy_seconds(self) -> tuple[float, dict[str, float]]:
+        """(seconds of LLM work here in all, each session's share of them): admission's and /metrics' engine time
+        (remote: (0.0, {}), the server's time is its own)."""
+        ...
+
+    @property
+    def decode_path(self) -> str | None:
+        """Which path decode steps take here, and why (None: the LLM is remote)."""
+        ...

@@ -109,7 +109,7 @@ def create_app(
             body["engine_slots"] = state.runtime.stages.llm.active_slots()
             body["tts_active"] = state.runtime.stages.tts_work.active
             body["load_s"] = {k: round(v, 2) for k, v in state.runtime.load_s.items()}
-            body["llm_decode"] = getattr(state.runtime.engine, "decode_path", None)  # which decode path, and why
+            body["llm_decode"] = state.runtime.stages.llm.decode_path  # which decode path, and why
             refusal = state.refusal()
             body["accepting"] = refusal is None
             body["refusing"] = refusal  # why a new session gets server_full now, or null

@@ -49,7 +49,7 @@ def busy_counters(runtime: Any) -> dict[str, tuple[float, str]]:
     """Where the server's time goes, per stage (seconds of engine steps, of shared-worker jobs by stage), and how
     often a greeting's audio was synthesised or replayed."""
     out: dict[str, tuple[float, str]] = {
-        "parley_llm_busy_seconds_total": (round(getattr(runtime.engine, "busy_total_s", 0.0), 3), "Seconds of engine steps."),
+        "parley_llm_busy_seconds_total": (round(runtime.stages.llm.busy_seconds()[0], 3), "Seconds of engine steps."),
     }
     stage_busy = dict(runtime.stages.runner.stage_busy_s)
     for stage in ("asr", "tts", "turn"):

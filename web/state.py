@@ -106,4 +106,4 @@ class AppState:
         return self.engine_meter.observe(busy, time.monotonic() if now_s is None else now_s)
 
     def _engine_busy(self) -> dict[str, float]:
-        return dict(getattr(self.runtime.engine, "busy_s", {}) if self.runtime is not None else {})
+        return self.runtime.stages.llm.busy_seconds()[1] if self.runtime is not None else {}

@@ -172,6 +172,15 @@ class RemoteLlm:
         """The server's prefix cache is its own: nothing counted here."""
         return 0, 0
 
+    def busy_seconds(self) -> tuple[float, dict[str, float]]:
+        """The server's time is its own: admission prices no engine here."""
+        return 0.0, {}
+
+    @property
+    def decode_path(self) -> str | None:
+        """Remote: the server decodes."""
+        return None
+
     def release(self, session_id: str) -> None:
         """The server keeps or evicts the conversation's cache by its own policy."""
         self._tools.pop(session_id, None)

@@ -110,7 +110,7 @@ def create_stages_app(cfg: AppConfig, *, runtime: rt.Runtime | None = None,
             body |= {"stages": sorted(r.served), "tts_active": r.stages.tts_work.active,
                      "load_s": {k: round(v, 2) for k, v in r.load_s.items()}}  # fmt: skip
             if "llm" in r.served:
-                body |= {"engine_slots": r.stages.llm.active_slots(), "llm_decode": getattr(r.engine, "decode_path", None)}
+                body |= {"engine_slots": r.stages.llm.active_slots(), "llm_decode": r.stages.llm.decode_path}
         return JSONResponse(body, status_code=200 if r else 503)
 
     @app.get("/metrics")
