@@ -19,7 +19,7 @@ struct PLinear {
     const float* bias;    // [n] or null
     const uint16_t* dm;   // int4: (scale, minimum) per group as float16 pairs [n, k / group, 2], or null
     const float* dm32;    // int4 whose pairs float16 cannot hold: the same as float32 pairs, or null
-    const void* kblocks;  // int4 from GGUF Q4_K, group 32: KBlock [n, k / 256] (int4_vnni.h) instead of pairs, or null
+    const void* kblocks;  // int4 from GGUF Q4_K, group 32: KBlock [n, k / 256] (kblock.h) instead of pairs, or null
 };
 
 struct PLayer {

@@ -92,8 +92,11 @@ def kernels_used(model: Transformer, int8_kernel: str | None) -> str:
         if isinstance(layer, Int4WeightOnlyLinear):
             pairs = torch.stack([layer.scales, layer.minimums], -1)
             scales = "Q4_K factors" if _kblocks_exact(layer) else "float16 scales" if torch.equal(pairs.half().float(), pairs) else "float32 scales"
-            kind = ("int4 on the float kernel" if not int8_kernel else "int4 on the int8-input portable kernel"
-                    if int8_kernel == "portable" else f"int4 on the int8-input {_KERNEL_NAMES[int8_kernel]} kernel with {scales}")  # fmt: skip
+            if int8_kernel in ("vnni", "avx2") and scales == "Q4_K factors":  # matvec.h: the super-block kernel on both
+                kind = "int4 on the int8-input AVX2 super-block kernel with Q4_K factors"
+            else:
+                kind = ("int4 on the float kernel" if not int8_kernel else "int4 on the int8-input portable kernel"
+                        if int8_kernel == "portable" else f"int4 on the int8-input {_KERNEL_NAMES[int8_kernel]} kernel with {scales}")  # fmt: skip
         elif isinstance(layer, Int8WeightOnlyLinear):
             kind = f"int8 on the int8-input {_KERNEL_NAMES[int8_kernel]} kernel" if int8_kernel in ("vnni", "avx2") else "int8"
         else:

@@ -21,12 +21,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kblock.h"
 #include "vec16.h"
 
 namespace int4_vnni {
 
-using kblock::KBlock;
 
 // Layers this path takes: whole pairs of blocks, and a group that is one block or whole pairs.
 inline bool fits(int k, int group) { return k % 64 == 0 && (group == 32 || group % 64 == 0); }
@@ -89,11 +87,7 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
     auto pair = [&](int p, int a, __m512 dw, __m512 mw) {
         if (p % 2 == 0) {  // one cache line of codes per two pairs, of scales per eight
             vec16::prefetch((const char*)(wq + (size_t)p * 32));
-            if constexpr (std::is_same_v<DM, KBlock>) {
-                if (p % 8 == 0) vec16::prefetch((const char*)(dm + p / 4));
-            } else if (p % (sizeof(DM) == 2 ? 8 : 4) == 0) {
-                vec16::prefetch((const char*)(dm + (size_t)p * 4));
-            }
+            if (p % (sizeof(DM) == 2 ? 8 : 4) == 0) vec16::prefetch((const char*)(dm + (size_t)p * 4));
         }
         const __m256i bytes = _mm256_loadu_si256((const __m256i*)(wq + (size_t)p * 32));
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bytes, mask)),
@@ -110,13 +104,7 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
     if (group == 32) {  // each block of the pair has its own scale and minimum
         auto both = [&](int p, int a) {
             __m512 dm4;
-            if constexpr (std::is_same_v<DM, KBlock>) {
-                const KBlock& b = dm[p / 4];  // pair p holds groups 2p and 2p + 1: four bytes of sm
-                int32_t four;
-                std::memcpy(&four, b.sm + (p % 4) * 4, 4);
-                const __m128 mult = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(four)));
-                dm4 = _mm512_castps128_ps512(_mm_mul_ps(mult, _mm_setr_ps(b.d, b.nmin, b.d, b.nmin)));
-            } else if constexpr (std::is_same_v<DM, float>)
+            if constexpr (std::is_same_v<DM, float>)
                 dm4 = _mm512_castps128_ps512(_mm_loadu_ps(dm + (size_t)p * 4));
             else
                 dm4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(dm + (size_t)p * 4))));
@@ -128,7 +116,7 @@ void rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, c
             for (int a = 0; a < A; ++a) both(p + a, a);
         }
         for (; p < pairs; ++p) both(p, 0);
-    } else if constexpr (!std::is_same_v<DM, KBlock>) {  // whole pairs per group: one scale and minimum for both blocks
+    } else {  // whole pairs per group: one scale and minimum for both blocks
         const int per_group = group / 64, groups = k / group;
         for (int g = 0; g < groups; ++g) {
             const __m512 dw = _mm512_set1_ps(dm_value(dm[2 * g])), mw = _mm512_set1_ps(dm_value(dm[2 * g + 1]));

@@ -1,4 +1,4 @@
-// A GGUF Q4_K super-block's factors as the int8-input int4 kernels read them (int4_vnni.h, int8dot_avx2.h).
+// A GGUF Q4_K super-block's factors as the int8-input Q4_K kernel reads them (int8dot_avx2.h; VNNI machines take it too).
 #pragma once
 #include <cstdint>
 

@@ -269,8 +269,8 @@ def test_an_engine_on_a_q4_k_qwen3_answers_like_transformers(models) -> None:
 @torch.inference_mode()
 def test_the_compiled_step_reads_q4_k_factors_and_gets_what_float32_scales_give(models) -> None:
     """Q4_K layers keep the file's compact factors (19 bytes per 32 weights where float32 pairs take 24): the
-    compiled step's logits are bit-identical to reading the float32 (scale, minimum) pairs they expand to on VNNI, and
-    as close as the int8-input rounding allows on AVX2 (whose Q4_K kernel rounds the input per super-block)."""
+    compiled step's logits are as close to reading the float32 (scale, minimum) pairs they expand to as the int8-input
+    rounding allows (the Q4_K kernel rounds the input per super-block, the pairs' per 32 inputs)."""
     from llm_engine.native.decoder import NativeDecoder, compiled_kernels, kernels_used
     from llm_engine.prepare import prepare
     from llm_engine.quantize import Int4WeightOnlyLinear
@@ -306,10 +306,9 @@ def test_the_compiled_step_reads_q4_k_factors_and_gets_what_float32_scales_give(
             second = NativeDecoder(model, caches[kernel, 1], int8_dot=kernel if kernel == "avx2" else True)
             for i, t in enumerate(tokens):
                 got, want = second.decode([t], [i], [0]), with_factors[kernel][i]
-                if kernel == "vnni":
-                    assert torch.equal(got, want), (kernel, i)
-                else:  # AVX2 reads Q4_K blocks with one input scale per super-block (int8dot_avx2.h), pairs per 32
-                    assert float((got - want).abs().max()) < 2e-3 * float(want.abs().max()), (kernel, i)
+                # Q4_K blocks take one input scale per super-block (int8dot_avx2.h, on VNNI machines too), the pairs
+                # one per 32 inputs: as close as the input's rounding allows
+                assert float((got - want).abs().max()) < 2e-3 * float(want.abs().max()), (kernel, i)
     finally:
         for m, kb in zip(int4, kept):
             m.kblocks = kb
