@@ -52,6 +52,7 @@ class Runtime:
     threads: ThreadBudget | None = None
     served: frozenset[str] = ALL_STAGES  # of asr, llm, tts: what was loaded (`parley stages --only` loads fewer)
     sessions: bool = True  # the VAD and the turn model were loaded: voice sessions can run (`parley stages`: no)
+    engine_turn_share: float | None = None  # a talking session's share of our engine, timed at start (calibrate_engine)
 
     def close(self) -> None:
         stop = getattr(self.engine, "stop", None)
@@ -358,6 +359,43 @@ def pin_persona_prompt(runtime: Runtime, cfg: AppConfig) -> None:
 
 PIN_SESSION = "__persona__"
 
+# A talking user's turn, for pricing one before it is measured (web.capacity): the new prompt tokens a turn runs (its
+# words, the turn check's probes and partials' warm-ups, the reply kept in the history; bench/load.py's turns ran
+# ~40-70) and the reply tokens it decodes (the personas' replies ran ~30-60), one turn every TURN_PERIOD_S (a spoken
+# request of ~2 s, the reply's ~5 s of audio and the pause between).
+TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS, TURN_PERIOD_S = 60, 48, 8.0
+
+
+def calibrate_engine(runtime: Runtime, cfg: AppConfig) -> float | None:
+    """A talking session's share of our engine's wall time on this machine and model: one request after the default
+    persona's prompt (prefill cost a token, decode cost a token) priced at a turn's tokens, over a turn's period.
+    Admission prices a session it has not measured yet at this (web.capacity): on two cores the 0.5B's turns fill
+    the engine with two or three talkers where the 135M's take eight. None: no engine of ours."""
+    if runtime.engine is None or "llm" not in runtime.served:
+        return None
+    from llm_engine.engine import ChatMessage, FinishEvent, GenerateRequest, SamplingParams
+
+    question = "Tell me three things to see in Paris, one sentence each, and why each is worth the trip."
+    system = cfg.persona(None).system_prompt
+    messages = (ChatMessage("system", system), ChatMessage("user", question))
+    finish = None
+    for event in runtime.engine.submit(GenerateRequest(CALIBRATE_SESSION, messages, SamplingParams(max_new_tokens=24))):
+        if isinstance(event, FinishEvent):
+            finish = event
+    runtime.engine.release(CALIBRATE_SESSION)
+    if finish is None or finish.timings.decode_tokens == 0 or finish.timings.prefill_tokens == 0:
+        return None
+    t = finish.timings
+    turn_s = (TURN_PROMPT_TOKENS * t.prefill_ms / t.prefill_tokens + TURN_REPLY_TOKENS * t.decode_ms / t.decode_tokens) / 1000
+    share = min(1.0, turn_s / TURN_PERIOD_S)
+    log.info("engine: a talking session's turns take ~%.2f s of it every %.0f s (prefill %.1f ms, decode %.1f ms a "
+             "token): %.0f%% of the engine until measured", turn_s, TURN_PERIOD_S, t.prefill_ms / t.prefill_tokens,
+             t.decode_ms / t.decode_tokens, 100 * share)  # fmt: skip
+    return share
+
+
+CALIBRATE_SESSION = "__calibrate__"
+
 
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:
     """A persona offered tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
@@ -384,6 +422,7 @@ def load_and_warm(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessi
         warm(runtime)
         if sessions:
             pin_persona_prompt(runtime, cfg)
+            runtime.engine_turn_share = calibrate_engine(runtime, cfg)
         return runtime
 
     return on_own_thread(load_warmed, name="parley-load")

@@ -16,7 +16,9 @@ The engine is priced apart as well: it is one serial resource (a step's thread t
 model whose steps cost more fills it long before the cores are (the 0.5B default under churn: the engine busy all
 the time, replies 22 s late, while the sessions' core loads still left room). Each session's share of the engine's
 wall time, averaged the same way, summed with a newcomer's against `engine_share` of it; a session not measured yet
-counts as a heavy one's part of the engine, the same part of it as a heavy one's of the cores.
+counts as a heavy one's part of the engine: what a talking session's turns cost this engine, timed at start
+(parley.runtime.calibrate_engine: a burst of arrivals on a slow model or CPU is priced as that, not as the 135M on a
+fast machine), else the same part of it as a heavy one's of the cores.
 """
 from __future__ import annotations
 
@@ -76,10 +78,16 @@ class CostModel:
     session_cores: float  # a not yet measured session's load, and a newcomer's at most: a heavy one
     tau_s: float = 10.0  # the meter's averaging time: how fast a finished talker's load fades
     engine_share: float = 0.0  # of the engine's wall time, what committed steps may fill (0: not priced apart)
+    # a talking session's share of the engine's wall time as measured at start on this machine and model (None: not
+    # measured; then the same part of what the engine may fill as a heavy session's of the cores)
+    heavy_engine: float | None = None
 
     @property
     def session_engine(self) -> float:
-        """A heavy session's share of the engine: the same part of what the engine may fill as of the cores."""
+        """A heavy session's share of the engine: as calibrated at start where it was, else the same part of what the
+        engine may fill as of the cores."""
+        if self.heavy_engine is not None:
+            return self.heavy_engine
         return self.engine_share * self.session_cores / self.cores if self.cores > 0 else self.engine_share
 
     def committed(self, loads: Mapping[str, float | None]) -> float:

@@ -87,7 +87,8 @@ class AppState:
         server = self.cfg.server
         cores = self.runtime.threads.cores if self.runtime is not None and self.runtime.threads else available_cores()
         heavy = 1.0 / server.sessions_per_core if server.sessions_per_core > 0 else cores / server.max_sessions
-        return CostModel(float(cores), heavy, self.meter.tau_s, server.admit_engine_share)
+        talking = self.runtime.engine_turn_share if self.runtime is not None else None
+        return CostModel(float(cores), heavy, self.meter.tau_s, server.admit_engine_share, talking)
 
     def session_loads(self, now_s: float | None = None) -> dict[str, float | None]:
         """Each live session's load in cores (None: not measured long enough), from the busy time its engine steps

@@ -147,3 +147,24 @@ def test_unmeasured_sessions_count_as_a_heavy_part_of_the_engine() -> None:
             admitted += 1
     assert admitted == 8
     assert model.committed_engine({"a": None, "b": 0.3}) == pytest.approx(0.4)
+
+
+def test_a_burst_of_unmeasured_arrivals_stops_where_the_calibrated_engine_is_full() -> None:
+    # parley.runtime.calibrate_engine timed the 0.5B's turns at ~16% of the engine on two cores: a burst of arrivals
+    # (nothing measured yet) is priced at that, and stops at three where the cores' heavy price would take eight.
+    model = CostModel(cores=2.0, session_cores=HEAVY, engine_share=0.5, heavy_engine=0.16)
+    assert model.session_engine == 0.16
+    engine_meter, core_meter = LoadMeter(), LoadMeter()
+    busy: dict[str, float] = {}
+    for i in range(8):
+        refusal = model.refusal(core_meter.observe(busy, 0.5), engine_meter.observe(busy, 0.5))
+        if refusal is not None:
+            break
+        busy[f"s{i}"] = 0.0
+    assert len(busy) == 3 and refusal is not None and "language model busy 48% of the time" in refusal.reason
+    # the 135M on the same machine (~4%): twelve before the engine is full, so the cores' price (eight) decides
+    light = CostModel(cores=2.0, session_cores=HEAVY, engine_share=0.5, heavy_engine=0.04)
+    assert light.refusal({f"s{i}": None for i in range(7)}, {f"s{i}": None for i in range(7)}) is None
+    assert light.refusal({f"s{i}": None for i in range(8)}, {f"s{i}": None for i in range(8)}) is not None
+    # measured sessions count as what they cost, calibrated or not
+    assert model.committed_engine({"a": None, "b": 0.05}) == pytest.approx(0.21)

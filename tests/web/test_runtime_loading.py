@@ -16,7 +16,7 @@ from parley.locate import ModelNotFound
 
 def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[threading.Thread] = []
-    sentinel = object()
+    sentinel = SimpleNamespace(engine_turn_share=None)
 
     def fake_load(cfg, stages=rt.ALL_STAGES, sessions=True):
         seen.append(threading.current_thread())
@@ -25,8 +25,9 @@ def test_loading_runs_on_a_thread_that_has_exited(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(rt, "load", fake_load)
     monkeypatch.setattr(rt, "warm", lambda runtime: seen.append(threading.current_thread()))
     monkeypatch.setattr(rt, "pin_persona_prompt", lambda runtime, cfg: seen.append(threading.current_thread()))
+    monkeypatch.setattr(rt, "calibrate_engine", lambda runtime, cfg: seen.append(threading.current_thread()) or 0.25)
     assert rt.load_and_warm(load_config(None)) is sentinel
-    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]
+    assert len(seen) == 4 and all(t is seen[0] for t in seen) and sentinel.engine_turn_share == 0.25
     assert seen[0] is not threading.current_thread() and not seen[0].is_alive()  # its OpenMP pool went with it
 
 
@@ -118,3 +119,35 @@ def test_the_default_personas_system_prompt_is_prefilled_once_as_a_session_words
     engine.prefix_cache = False
     rt.pin_persona_prompt(rt.Runtime(stages=runtime.stages, engine=engine), cfg)  # type: ignore[arg-type]
     assert len(engine.requests) == 1
+
+
+class _TimedEngine(_Engine):
+    """Answers a request with a finish whose timings say what its prefill and decode cost a token."""
+
+    def __init__(self, prefill: tuple[int, float], decode: tuple[int, float]) -> None:
+        super().__init__()
+        self.prefill, self.decode = prefill, decode
+
+    def submit(self, request):
+        from llm_engine.engine import FinishEvent, Timings
+
+        self.requests.append(request)
+        (pt, pms), (dt, dms) = self.prefill, self.decode
+        return iter([FinishEvent("length", Timings(prefill_ms=pms, prefill_tokens=pt, decode_ms=dms, decode_tokens=dt))])
+
+
+def test_the_engine_is_timed_at_start_as_a_talking_session_would_use_it() -> None:
+    cfg = load_config(None)
+    stages = SimpleNamespace(llm=_llm(lambda text, tools: None))
+    engine = _TimedEngine(prefill=(50, 500.0), decode=(24, 432.0))  # 10 ms a prompt token, 18 a reply token
+    share = rt.calibrate_engine(rt.Runtime(stages=stages, engine=engine), cfg)  # type: ignore[arg-type]
+    turn_s = (rt.TURN_PROMPT_TOKENS * 10.0 + rt.TURN_REPLY_TOKENS * 18.0) / 1000
+    assert share == pytest.approx(turn_s / rt.TURN_PERIOD_S)
+    (request,) = engine.requests
+    assert request.messages[0].role == "system" and request.messages[-1].role == "user" and request.sampling.max_new_tokens > 0
+    assert engine.released == [request.session_id]
+    slow = _TimedEngine(prefill=(50, 50_000.0), decode=(24, 24_000.0))  # a second a token: all of the engine
+    assert rt.calibrate_engine(rt.Runtime(stages=stages, engine=slow), cfg) == 1.0  # type: ignore[arg-type]
+    # nothing to time: no engine of ours, or a finish that decoded nothing
+    assert rt.calibrate_engine(rt.Runtime(stages=stages, engine=None), cfg) is None  # type: ignore[arg-type]
+    assert rt.calibrate_engine(rt.Runtime(stages=stages, engine=_TimedEngine((50, 500.0), (0, 0.0))), cfg) is None  # type: ignore[arg-type]
