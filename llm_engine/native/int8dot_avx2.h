@@ -149,21 +149,18 @@ inline __m256i dot32(__m256i w, __m256i xh, __m256i xl) {
                             _mm256_madd_epi16(_mm256_maddubs_epi16(w, xl), ones));
 }
 
-// Group g's (scale, minimum): DM is uint16_t (float16 pairs), float (pairs) or kblock::KBlock (Q4_K factors).
+// Group g's (scale, minimum): DM is uint16_t (float16 pairs) or float (pairs). (Q4_K layers: int4_k_rows.)
 template <typename DM>
 inline void group_factors(const DM* dm, int g, float& d, float& m) {
-    if constexpr (std::is_same_v<DM, kblock::KBlock>) {
-        const kblock::KBlock& b = dm[g / 8];
-        d = b.d * (float)b.sm[2 * (g % 8)];
-        m = b.nmin * (float)b.sm[2 * (g % 8) + 1];
-    } else if constexpr (std::is_same_v<DM, float>) {
+    if constexpr (std::is_same_v<DM, float>) {
         d = dm[2 * g], m = dm[2 * g + 1];
     } else {
         d = _cvtsh_ss(dm[2 * g]), m = _cvtsh_ss(dm[2 * g + 1]);
     }
 }
 
-// Output row j of an int4 layer (codes wq [k / 2], factors dm) for R prepared inputs, A accumulators per input.
+// Output row j of an int4 layer (codes wq [k / 2], (scale, minimum) pairs dm) for R prepared inputs, A accumulators
+// per input.
 template <int R, int A, typename DM>
 void int4_rows(const uint8_t* wq, const DM* dm, int k, int group, const int8_t* hi, const int8_t* lo, const float* dx,
                const float* xs, float* out) {
