@@ -28,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench.cpu_classes import cpu_flags  # noqa: E402
 from bench.llm_batch import aggregate_throughput  # noqa: E402
 from bench.llm_kv import kv_table  # noqa: E402
 from bench.llm_models import gemma3_table, persona_table, shapes_table  # noqa: E402
@@ -48,6 +49,7 @@ from llm_engine.fuse import fuse_projections  # noqa: E402
 from llm_engine.gguf_quant import read_quantized_linears  # noqa: E402
 from llm_engine.loader import load_model  # noqa: E402
 from llm_engine.model import Transformer  # noqa: E402
+from llm_engine.native.decoder import default_kernel  # noqa: E402
 from llm_engine.quantize import quantize_model, weight_bytes_per_token  # noqa: E402
 from llm_engine.speculative import make_self_draft  # noqa: E402
 from llm_engine.threads import on_own_thread  # noqa: E402
@@ -180,7 +182,10 @@ def main() -> None:
     prompt = Tokenizer.from_folder(folder).apply_chat_template([ChatMessage("user", PROMPT)])
     BW_GB_S = on_own_thread(copy_bandwidth_gb_s)
     print(f"model {args.model.name}, prompt {len(prompt)} tokens, {args.tokens} greedy tokens per request, "
-          f"{torch.get_num_threads()} threads, copy bandwidth {BW_GB_S:.1f} GB/s, load average {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+          f"{torch.get_num_threads()} threads, copy bandwidth {BW_GB_S:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    kernel = on_own_thread(default_kernel)
+    print(f"CPU features: {cpu_flags()}; the compiled step's int8-input kernel: {kernel or 'none (the float kernels)'} "
+          "(each compiled row's kernels: `parley serve`'s log, or bench.cpu_classes for both CPU classes)\n")  # fmt: skip
     print(f"{'engine / variant':62s} {'TTFT ms':>8s} {'tok/s':>7s} {'greedy':>10s} {'MB/step':>8s} {'% of BW':>7s}")
     rows, reference = on_own_thread(single_request_rows, args.model, prompt, args.tokens)
     sizes = tuple(int(b) for b in args.batches.split(","))
