@@ -1,6 +1,7 @@
 // The int8-input products of int4_vnni.h and int8_vnni.h for CPUs with AVX2 but no AVX-512 VNNI (most laptops
 // and desktops: Intel client cores, AMD Zen 2/3), where the int4 layers otherwise take the float kernel (nibbles ->
-// floats -> one FMA per eight weights and input row), measured at 0.8x llama.cpp on such a machine.
+// floats -> one FMA per eight weights and input row), measured at 0.8x llama.cpp on such a machine. Its Q4_K kernel
+// serves VNNI machines too (matvec.h's int4_path): it beat the VNNI pairs there.
 //
 // Same arithmetic as the other two paths: each 32-wide input block becomes two int8 parts, hi = round(x/s) and
 // lo = round((x - hi*s) * 256/s), and the block's dot is (codes.hi << 8) + codes.lo, exact in int32. Q4_K layers
