@@ -35,7 +35,7 @@ def _child(model: str, int8_dot: str, tokens: int) -> None:
     """Prints one JSON line: decode tok/s (the better of two runs) and what the step ran on."""
     import torch
 
-    from bench.llm_speed import run_plain
+    from bench.llm_speed import cache_for, run_plain
     from llm_engine.native.build import load
     from llm_engine.native.decoder import NativeDecoder, kernels_used
     from llm_engine.prepare import prepare
@@ -45,17 +45,11 @@ def _child(model: str, int8_dot: str, tokens: int) -> None:
     path = _path(model)
     m = on_own_thread(lambda: prepare(path, device="cpu", dtype="float32", max_seq_len=512, quant="int4", group_size=32,
                                       self_draft="none", kv_cache="auto").model)  # fmt: skip
-    kernel = NativeDecoder(m, _cache(m), int8_dot=dot).int8_kernel
+    kernel = NativeDecoder(m, cache_for(m), int8_dot=dot).int8_kernel
     on_own_thread(lambda: run_plain(m, PROMPT[:8], 4, compiled=True, int8_dot=dot))  # warm-up
     rate = max(on_own_thread(lambda: run_plain(m, PROMPT, tokens, compiled=True, int8_dot=dot))[1] for _ in range(2))
     print(json.dumps({"tps": rate, "features": load().parley_features(), "kernels": kernels_used(m, kernel),
                       "threads": torch.get_num_threads()}))  # fmt: skip
-
-
-def _cache(model):
-    from bench.llm_speed import cache_for
-
-    return cache_for(model)
 
 
 def _path(model: str) -> Path:

@@ -323,9 +323,7 @@ def warm(runtime: Runtime) -> None:
     if local_asr:
         stages.transcriber.transcribe(speech)
     if runtime.engine is not None:
-        for _ in runtime.engine.submit(_warm_request()):
-            pass
-        runtime.engine.release("__warmup__")
+        _run_alone(runtime.engine, _warm_request())
     if stages.turn_model is not None:
         stages.turn_model.complete_prob(speech)
 
@@ -351,10 +349,7 @@ def pin_persona_prompt(runtime: Runtime, cfg: AppConfig) -> None:
     llm = runtime.stages.llm
     persona = persona_spec(cfg, cfg.default_persona, llm_tool_support(llm))
     system = with_tools(persona.system_prompt, persona, native=llm.native_tools, wording=llm.system_with_tools)
-    request = GenerateRequest(PIN_SESSION, (ChatMessage("system", system),), SamplingParams(max_new_tokens=0))
-    for _ in runtime.engine.submit(request):
-        pass
-    runtime.engine.release(PIN_SESSION)
+    _run_alone(runtime.engine, GenerateRequest(PIN_SESSION, (ChatMessage("system", system),), SamplingParams(max_new_tokens=0)))
 
 
 PIN_SESSION = "__persona__"
@@ -376,14 +371,9 @@ def calibrate_engine(runtime: Runtime, cfg: AppConfig) -> float | None:
     from llm_engine.engine import ChatMessage, FinishEvent, GenerateRequest, SamplingParams
 
     question = "Tell me three things to see in Paris, one sentence each, and why each is worth the trip."
-    system = cfg.persona(None).system_prompt
-    messages = (ChatMessage("system", system), ChatMessage("user", question))
-    finish = None
-    for event in runtime.engine.submit(GenerateRequest(CALIBRATE_SESSION, messages, SamplingParams(max_new_tokens=24))):
-        if isinstance(event, FinishEvent):
-            finish = event
-    runtime.engine.release(CALIBRATE_SESSION)
-    if finish is None or finish.timings.decode_tokens == 0 or finish.timings.prefill_tokens == 0:
+    messages = (ChatMessage("system", cfg.persona(None).system_prompt), ChatMessage("user", question))
+    finish = _run_alone(runtime.engine, GenerateRequest(CALIBRATE_SESSION, messages, SamplingParams(max_new_tokens=24)))
+    if not isinstance(finish, FinishEvent) or finish.timings.decode_tokens == 0 or finish.timings.prefill_tokens == 0:
         return None
     t = finish.timings
     turn_s = (TURN_PROMPT_TOKENS * t.prefill_ms / t.prefill_tokens + TURN_REPLY_TOKENS * t.decode_ms / t.decode_tokens) / 1000
@@ -395,6 +385,15 @@ def calibrate_engine(runtime: Runtime, cfg: AppConfig) -> float | None:
 
 
 CALIBRATE_SESSION = "__calibrate__"
+
+
+def _run_alone(engine: Any, request: Any) -> Any:
+    """A start-up request through the engine to its end, its slot freed after: -> its last event."""
+    last = None
+    for last in engine.submit(request):
+        pass
+    engine.release(request.session_id)
+    return last
 
 
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:

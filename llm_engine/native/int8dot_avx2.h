@@ -25,6 +25,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "int8dot_portable.h"
 #include "kblock.h"
 #include "vec16.h"
 
@@ -51,12 +52,8 @@ inline void prepare(int rows, int k, const float* x, int8_t* hi, int8_t* lo, flo
             }
             const float inv = amax > 0.f ? 127.f / amax : 0.f;
             for (int i = 0; i < 32; ++i) {
-                const float v = xb[i] * inv;
-                const float top = std::nearbyint(v);  // round half to even, as the other paths
-                const float rest = std::fmin(127.f, std::fmax(-127.f, std::nearbyint((v - top) * 256.f)));
                 const int to = nibble_order ? (i % 2) * 16 + i / 2 : i;
-                hi[at + to] = (int8_t)top;
-                lo[at + to] = (int8_t)rest;
+                int8dot::split(xb[i] * inv, hi[at + to], lo[at + to]);
             }
             for (int i = 0; i < 8; ++i) {
                 dx[lanes + i] = amax / 127.f / 256.f;
@@ -82,12 +79,8 @@ inline void prepare_k(int rows, int k, const float* x, int8_t* hi, int8_t* lo, f
                 float total = 0.f;
                 for (int i = blk * 32; i < blk * 32 + 32; ++i) {
                     total += xb[i];
-                    const float v = xb[i] * inv;
-                    const float top = std::nearbyint(v);
-                    const float rest = std::fmin(127.f, std::fmax(-127.f, std::nearbyint((v - top) * 256.f)));
                     const int to = blk * 32 + (i % 2) * 16 + (i % 32) / 2;
-                    hi[at + to] = (int8_t)top;
-                    lo[at + to] = (int8_t)rest;
+                    int8dot::split(xb[i] * inv, hi[at + to], lo[at + to]);
                 }
                 xs[(size_t)b * (k / 32) + sb * 8 + blk] = total;
             }

@@ -18,6 +18,14 @@ inline bool takes(const PLinear& L) {
     return format && L.k % 64 == 0 && (L.group == 32 || L.group % 64 == 0);
 }
 
+// One input value in units of its block's scale (|v| <= 127) -> its two int8 parts: hi = v rounded to nearest, ties to
+// even (as the VNNI path's roundscale), lo = the rest in 256ths, clamped to +-127. Every int8-input path rounds so.
+inline void split(float v, int8_t& hi, int8_t& lo) {
+    const float top = std::nearbyint(v);
+    hi = (int8_t)top;
+    lo = (int8_t)std::clamp(std::nearbyint((v - top) * 256.f), -127.f, 127.f);
+}
+
 // x [rows, k] -> hi, lo [rows, k] int8; per 32-wide block its lo unit dx = max|x| / 127 / 256 and its sum xs.
 inline void prepare(int rows, int k, const float* x, int8_t* hi, int8_t* lo, float* dx, float* xs) {
     const int blocks = k / 32;
@@ -30,13 +38,7 @@ inline void prepare(int rows, int k, const float* x, int8_t* hi, int8_t* lo, flo
                 total += x[at + i];
             }
             const float inv = amax > 0.f ? 127.f / amax : 0.f;
-            for (int i = 0; i < 32; ++i) {
-                const float v = x[at + i] * inv;
-                const float top = std::nearbyint(v);  // round half to even, as the VNNI path's roundscale
-                const float rest = std::clamp(std::nearbyint((v - top) * 256.f), -127.f, 127.f);
-                hi[at + i] = (int8_t)top;
-                lo[at + i] = (int8_t)rest;
-            }
+            for (int i = 0; i < 32; ++i) split(x[at + i] * inv, hi[at + i], lo[at + i]);
             dx[(size_t)b * blocks + blk] = amax / 127.f / 256.f;
             xs[(size_t)b * blocks + blk] = total;
         }
