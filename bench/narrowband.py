@@ -1,6 +1,7 @@
 """Telephone audio against the browser's: recognition (WER) and end-of-turn (bench.turns' paused and whole
 requests) on the same spoken corpus at 16 kHz and passed through a phone line's G.711 μ-law at 8 kHz (16 kHz ->
-8 kHz -> μ-law -> decoded -> 16 kHz, voice.codec: what /twilio/stream and /v1/realtime's audio/pcmu hear).
+8 kHz -> μ-law -> decoded -> 16 kHz by the session's front end, voice.frontend: what /twilio/stream and
+/v1/realtime's audio/pcmu hear).
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python -m bench.narrowband [--tiny] [--detectors combined,fixed] [--markdown]
 """
@@ -21,6 +22,7 @@ from bench import corpus as spoken
 from bench.turns import Clip, Models, corpus, run_detector, summarize
 from voice import codec
 from voice.audio import SAMPLE_RATE, resample
+from voice.frontend import FrontEnd
 
 BANDS = ("16 kHz", "μ-law 8 kHz")
 
@@ -28,7 +30,8 @@ BANDS = ("16 kHz", "μ-law 8 kHz")
 def phone_line(audio16: np.ndarray) -> np.ndarray:
     """16 kHz float32 as a G.711 μ-law call carries it, back at 16 kHz."""
     narrow = codec.decode("pcmu", codec.encode("pcmu", resample(audio16, SAMPLE_RATE, codec.G711_RATE)))
-    return resample(narrow, codec.G711_RATE, SAMPLE_RATE)[: len(audio16)]
+    heard = FrontEnd().run(narrow, codec.G711_RATE)  # a few ms short: the filter's delay
+    return np.concatenate([heard, np.zeros(max(0, len(audio16) - len(heard)), np.float32)])[: len(audio16)]
 
 
 def banded(clips: list[Clip], band: str) -> list[Clip]:

@@ -48,7 +48,12 @@ def aec_available() -> bool:
 
 
 class ServerEcho:
-    """What was sent -> what plays when (in microphone audio time) -> AEC3's far end, block by block."""
+    """What was sent -> what plays when (in microphone audio time) -> AEC3's far end, block by block. The first
+    stage of the session's audio front end (voice.frontend): it must hear the microphone as it came."""
+
+    name = "echo"
+    heavy = False  # AEC3 on a 10 ms block costs microseconds
+    delay_ms = 1000.0 * BLOCK / SAMPLE_RATE  # up to one block held for the next call
 
     def __init__(self, make_aec: Callable[[], Aec] = webrtc_aec) -> None:
         # Only a client's playback marks place the far end: a guess from when audio was sent is wrong for a client that

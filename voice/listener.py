@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from voice.asr import StreamingTranscriber, Transcriber
-from voice.echo import ServerEcho
 from voice.audio import SAMPLE_RATE, Framer
+from voice.frontend import FrontEnd
 from voice.interjection import Heard
 from voice.llm_bridge import LlmBridge, LlmFinish
 from voice.scheduler import DirectRunner, StageRunner
@@ -166,7 +166,9 @@ class Listener:
         runner: StageRunner | None = None,
         partial_busy_interval_ms: int = 0,
         busy: Callable[[], str | None] = lambda: None,
+        frontend: FrontEnd | None = None,
     ) -> None:
+        self.frontend = frontend or FrontEnd()  # the microphone's way in, and its clock (voice.frontend)
         self.runner: StageRunner = runner or DirectRunner()
         self.session_id = session_id
         self.make_vad = make_vad
@@ -178,21 +180,17 @@ class Listener:
         self.busy = busy  # why the machine cannot spare optional work now, or None (voice.first_phrase)
         self.min_speech_ms = min_speech_ms
         self.utt: Utterance | None = None  # the user turn being heard, if any
-        self._queue: asyncio.Queue[tuple[np.ndarray, int]] = asyncio.Queue(AUDIO_QUEUE_ITEMS)
+        self._queue: asyncio.Queue[tuple[np.ndarray, int, int, float]] = asyncio.Queue(AUDIO_QUEUE_ITEMS)
         self._arrivals: deque[tuple[float, int]] = deque(maxlen=3000)  # (audio ms of message start, arrival ns)
-        self._audio_in_ms = 0.0
         self._preroll: deque[np.ndarray] = deque(maxlen=1)
         self._vad: Vad | None = None
-        self.echo: ServerEcho | None = None  # takes the replies' echo out before the VAD hears it
-        self.pushed_ms = 0.0  # audio received so far (the audio time a playback mark arriving now belongs with)
 
-    def push(self, samples: np.ndarray, arrival_ns: int) -> None:
-        """16 kHz float32 [N] as it arrived; `arrival_ns` is perf_counter_ns at receipt."""
-        try:
-            self._queue.put_nowait((samples, arrival_ns))
-        except asyncio.QueueFull:
-            raise Overloaded from None
-        self.pushed_ms += 1000.0 * len(samples) / SAMPLE_RATE
+    def push(self, samples: np.ndarray, arrival_ns: int, rate: int = SAMPLE_RATE) -> None:
+        """float32 [N] at `rate` as it arrived; `arrival_ns` is perf_counter_ns at receipt."""
+        if self._queue.full():
+            raise Overloaded
+        t_ms = self.frontend.receive(samples, rate)
+        self._queue.put_nowait((samples, rate, arrival_ns, t_ms))
 
     async def start(self) -> Vad:
         """Build and warm this session's VAD (a model's first calls are slow) off the loop; audio arriving
@@ -216,12 +214,9 @@ class Listener:
             raise RuntimeError("start() first")
         framer = Framer(SAMPLE_RATE, vad.frame_ms)
         while True:
-            samples, arrival_ns = await self._queue.get()
-            self._arrivals.append((self._audio_in_ms, arrival_ns))
-            if self.echo is not None:
-                samples = self.echo.process(samples, self._audio_in_ms)
-            self._audio_in_ms += 1000.0 * len(samples) / SAMPLE_RATE
-            for frame in framer.push(samples):
+            samples, rate, arrival_ns, t_ms = await self._queue.get()
+            self._arrivals.append((t_ms, arrival_ns))
+            for frame in framer.push(await self.frontend.process(samples, rate)):
                 yield HeardFrame(vad.speech_prob(frame.samples), frame.t_ms, frame.samples)
 
     def arrival_ns(self, t_ms: float) -> int:

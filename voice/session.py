@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from voice.audio import SAMPLE_RATE
 from voice.echo import ServerEcho, aec_available
 from voice.first_phrase import FirstPhrases
+from voice.frontend import FrontEnd
 from voice.history import History
 from voice.listener import Listener, Overloaded
 from voice.llm_bridge import LlmFinish
@@ -79,10 +81,8 @@ class Session:
             session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner, partial_busy_interval_ms=settings.partial_busy_interval_ms,
-            busy=lambda: self.preempt.busy(),
+            busy=lambda: self.preempt.busy(), frontend=self._frontend(settings),
         )  # fmt: skip
-        self.echo = ServerEcho() if settings.server_aec and aec_available() else None  # our voice out of the mic
-        self.listener.echo = self.echo
         self.replies = Replies(self)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
         self.shell = TurnShell(self)  # runs what turn-taking asks for (voice.turn_shell)
@@ -97,6 +97,16 @@ class Session:
         return self.turns.state
 
     # -- who speaks ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _frontend(settings: SessionSettings) -> FrontEnd:
+        """The microphone's chain: our own voice taken out first (the server's echo canceller, when asked for)."""
+        return FrontEnd(echo=ServerEcho() if settings.server_aec and aec_available() else None)
+
+    @property
+    def echo(self) -> ServerEcho | None:
+        """The echo canceller the replies' audio is the far end of, if the front end has one."""
+        return self.listener.frontend.echo
 
     @property
     def persona(self) -> PersonaSpec:
@@ -145,12 +155,25 @@ class Session:
 
     # -- inputs from the socket layer ------------------------------------------------------------
 
-    def push_audio(self, samples: np.ndarray, arrival_ns: int) -> None:
-        """16 kHz float32 [N] as it arrived; `arrival_ns` is perf_counter_ns at receipt."""
+    def push_audio(self, samples: np.ndarray, arrival_ns: int, rate: int = SAMPLE_RATE) -> None:
+        """float32 [N] at the wire's `rate` as it arrived; `arrival_ns` is perf_counter_ns at receipt. The front end
+        (voice.frontend) resamples it and counts its time."""
         try:
-            self.listener.push(samples, arrival_ns)
+            self.listener.push(samples, arrival_ns, rate)
+        except ValueError as exc:
+            raise InputError("bad_audio", str(exc)) from None
         except Overloaded:
             raise InputError("overloaded", "audio is arriving faster than it can be processed; dropped") from None
+
+    def hear_now(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """Audio no turn-taking listens to (a client that commits its own turns) through the same front end, here
+        and now: -> what the recogniser should hear of it (16 kHz)."""
+        front = self.listener.frontend
+        try:
+            front.receive(samples, rate)
+        except ValueError as exc:
+            raise InputError("bad_audio", str(exc)) from None
+        return front.run(samples, rate)
 
     def text_input(self, text: str) -> int:
         """A typed user turn: skips VAD and ASR. Returns its turn id."""
@@ -222,7 +245,7 @@ class Session:
         self.replies.played(turn_id, played_ms, arrival_ns)
         echo, playing = self.echo, self.replies.audible(turn_id)
         if echo is not None and playing is not None:  # what plays, for the echo canceller (a reply sent whole too)
-            echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.pushed_ms)
+            echo.paused(turn_id, played_ms) if paused else echo.played(turn_id, played_ms, self.listener.frontend.received_ms)
         self.apply(self.turns.played(turn_id, played_ms, None if paused else self.replies.unplayed_after(turn_id, played_ms)))
 
     # -- lifecycle --------------------------------------------------------------------------------

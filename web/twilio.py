@@ -15,7 +15,6 @@ from dataclasses import replace
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from voice import codec
-from voice.audio import SAMPLE_RATE
 from voice.outbox import OutAudio, Outbox
 from voice.session import InputError, Session
 from voice.trace import now_ns
@@ -74,7 +73,6 @@ class TwilioCall:
         self.stream_sid = ""
         self.rate = RateLimiter(self.limits.max_messages_per_s)
         self.audio_rate = RateLimiter(1.0, burst_s=self.limits.audio_burst_s)
-        self.heard = codec.Resampler(codec.G711_RATE, SAMPLE_RATE)
         self.sending: tuple[int, float] = (0, 0.0)  # the turn whose audio is being sent, and how much of it so far
         self.cleared: set[int] = set()  # turns cleared: Twilio echoes their pending marks at once, unplayed
         self._stop = asyncio.Event()
@@ -199,7 +197,7 @@ class TwilioCall:
         data = W.payload(event)
         if not self.audio_rate.allow(cost=len(data) / codec.G711_RATE):
             raise InputError("overloaded", "audio faster than real time")
-        self.session.push_audio(self.heard.push(codec.decode("pcmu", data)), arrival_ns)
+        self.session.push_audio(codec.decode("pcmu", data), arrival_ns, codec.G711_RATE)
 
     def _mark(self, name: str, arrival_ns: int) -> None:
         mark = W.parse_mark(name)

@@ -122,13 +122,13 @@ class WebRtcConnection(Connection):
         self._media.add(task)
         task.add_done_callback(self._media.discard)
 
-    def heard(self, samples: np.ndarray) -> None:
-        """The microphone's next samples (16 kHz): to the session once it started."""
+    def heard(self, samples: np.ndarray, rate: int) -> None:
+        """The microphone's next samples (at the track's `rate`): to the session once it started."""
         if self.session is None or samples.size == 0:
             return
         self._active_at = time.monotonic()
         try:
-            self.session.push_audio(samples, now_ns())
+            self.session.push_audio(samples, now_ns(), rate)
         except InputError as exc:
             self._limited(exc.code, exc.message)
 

@@ -16,7 +16,6 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from voice import codec
-from voice.audio import SAMPLE_RATE
 from web.webrtc_loss import Concealer
 from web.webrtc_pacing import Pacer
 
@@ -105,10 +104,10 @@ class ReplyTrack(MediaStreamTrack):
             self.on_played(self._turn, self._played_ms)
 
 
-async def read_microphone(track: MediaStreamTrack, push: Callable[[np.ndarray], None]) -> None:
-    """Decoded frames of the caller's track, as 16 kHz mono float32, until the track ends; the time of a packet
-    lost on the way concealed (web.webrtc_loss), so the session's timeline keeps to the caller's."""
-    resampler: codec.Resampler | None = None
+async def read_microphone(track: MediaStreamTrack, push: Callable[[np.ndarray, int], None]) -> None:
+    """Decoded frames of the caller's track, as mono float32 at the track's rate (the session's front end resamples),
+    until the track ends; the time of a packet lost on the way concealed (web.webrtc_loss), so the session's timeline
+    keeps to the caller's."""
     concealer = Concealer(OPUS_RATE)
     while True:
         try:
@@ -120,9 +119,8 @@ async def read_microphone(track: MediaStreamTrack, push: Callable[[np.ndarray], 
         samples = pcm.T if frame.format.is_planar else pcm.reshape(-1, channels)
         scale = 32768.0 if pcm.dtype == np.int16 else 1.0
         mono = (samples.astype(np.float32).mean(axis=1) / scale).astype(np.float32)
-        if resampler is None or resampler.from_rate != frame.sample_rate:
-            resampler = codec.Resampler(frame.sample_rate, SAMPLE_RATE)
+        if concealer.sample_rate != frame.sample_rate:
             concealer = Concealer(frame.sample_rate)
         if frame.pts is not None and frame.time_base is not None:  # a lost packet's time is filled, not skipped
             mono = concealer.push(int(round(frame.pts * frame.time_base * frame.sample_rate)), mono)
-        push(resampler.push(mono))
+        push(mono, frame.sample_rate)

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from voice.audio import SAMPLE_RATE, pcm16_to_float, resample
+from voice.audio import SAMPLE_RATE, pcm16_to_float
 from voice.outbox import OutAudio, Outbox
 from voice.session import InputError, Session
 from voice.trace import TurnTrace, now_ns
@@ -231,10 +231,7 @@ class Connection:
         P.check_audio(data, self.input_rate)
         if not self.audio_rate.allow(cost=len(data) / 2 / self.input_rate):
             raise InputError("overloaded", "audio is arriving faster than real time; the excess is dropped")
-        samples = pcm16_to_float(data)  # float32 [N]
-        if self.input_rate != SAMPLE_RATE:
-            samples = resample(samples, self.input_rate, SAMPLE_RATE)
-        self.session.push_audio(samples, arrival_ns)
+        self.session.push_audio(pcm16_to_float(data), arrival_ns, self.input_rate)  # resampled by the front end
 
     def _on_text(self, text: str, arrival_ns: int) -> None:
         msg = P.parse_text(text)

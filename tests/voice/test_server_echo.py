@@ -8,6 +8,7 @@ import pytest
 
 from bench import corpus
 from voice.echo import ServerEcho
+from voice.frontend import FrontEnd
 from parley.locate import find_embedded
 from voice.vad import SileroVad
 
@@ -151,7 +152,7 @@ async def test_a_reply_sent_whole_still_tells_the_canceller_where_it_plays_and_p
 
     async with Harness() as h:
         log = MarkLog()
-        h.session.echo = h.session.listener.echo = log  # type: ignore[assignment]
+        h.session.listener.frontend = FrontEnd(echo=log)  # type: ignore[arg-type]
         h.session.text_input("hello")
         done = await h.wait_for("response.done")
         turn = done["turn_id"]

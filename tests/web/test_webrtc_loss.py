@@ -126,11 +126,11 @@ def test_the_microphone_keeps_the_callers_timeline_through_lost_packets() -> Non
         f = av.AudioFrame.from_ndarray(np.repeat(pcm, 2).reshape(1, -1), format="s16", layout="stereo")
         f.sample_rate, f.pts, f.time_base = OPUS_RATE, k * FRAME_SAMPLES, fractions.Fraction(1, OPUS_RATE)
         frames.append(f)
-    heard: list[np.ndarray] = []
-    asyncio.run(read_microphone(_Track(frames), heard.append))  # type: ignore[arg-type]
-    total = sum(len(h) for h in heard)
-    assert 50 * 320 - 400 <= total <= 50 * 320  # 16 kHz, all 50 frames' time less the resampler's delay (~21 ms);
-    # without concealment the 4 lost frames (1280 samples) would be missing
+    heard: list[tuple[np.ndarray, int]] = []
+    asyncio.run(read_microphone(_Track(frames), lambda samples, rate: heard.append((samples, rate))))  # type: ignore[arg-type]
+    assert {rate for _, rate in heard} == {OPUS_RATE}  # the track's own rate: the session's front end resamples
+    assert sum(len(h) for h, _ in heard) == 50 * FRAME_SAMPLES  # all 50 frames' time, to the sample;
+    # without concealment the 4 lost frames would be missing
 
 
 def test_the_pacer_keeps_a_steady_clock_and_runs_a_reply_ahead_by_its_lead() -> None:

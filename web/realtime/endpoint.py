@@ -243,14 +243,14 @@ class RealtimeConnection:
             raise EventError("invalid_value", f"audio: {wrong}", "audio")
         if not self.audio_rate.allow(cost=len(data) / bytes_per_second(kind)):
             raise EventError("rate_limited", "audio is arriving faster than real time; the excess is dropped", "audio")
-        samples = self.wire_audio.decode(kind, data)
-        if self.config.turn_detection is None:  # manual: held until commit
+        samples, rate = self.wire_audio.decode(kind, data)
+        if self.config.turn_detection is None:  # manual: held until commit, as the front end hears it (16 kHz)
             held = sum(len(b) for b in self.buffer)
-            if held + len(samples) > self.base.turns.max_turn_ms / 1000 * SAMPLE_RATE:
+            if held + len(samples) * SAMPLE_RATE / rate > self.base.turns.max_turn_ms / 1000 * SAMPLE_RATE:
                 raise EventError("buffer_full", f"the input buffer holds {self.base.turns.max_turn_ms / 1000:g} s at most; commit it")
-            self.buffer.append(samples)
+            self.buffer.append(self.session.hear_now(samples, rate))
         else:
-            self.session.push_audio(samples, arrival_ns)
+            self.session.push_audio(samples, arrival_ns, rate)
 
     def _commit(self, event: dict[str, Any], arrival_ns: int) -> None:
         if self.config.turn_detection is not None:

@@ -1,13 +1,14 @@
 """A Realtime connection's audio on the wire, in the formats OpenAI defines: `audio/pcm` (PCM16 24 kHz) and G.711
-`audio/pcmu` / `audio/pcma` (8 kHz, a byte a sample), to the 16 kHz the session hears and from the 24 kHz it speaks.
-Stateful per connection (streaming resamplers); no sockets.
+`audio/pcmu` / `audio/pcma` (8 kHz, a byte a sample), to samples at the wire's rate (the session's front end
+resamples what it hears) and from the 24 kHz it speaks. Stateful per connection (a reply's streaming resampler); no
+sockets.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from voice import codec
-from voice.audio import SAMPLE_RATE, pcm16_to_float, resample
+from voice.audio import pcm16_to_float
 from web.realtime.config import RATE
 
 _LAW: dict[str, codec.Law] = {"audio/pcmu": "pcmu", "audio/pcma": "pcma"}
@@ -19,19 +20,17 @@ def bytes_per_second(kind: str) -> int:
 
 class WireAudio:
     def __init__(self) -> None:
-        self._in_kind = ""
-        self._in: codec.Resampler | None = None
         self._out_key: tuple[str, int] | None = None  # (format, turn): a reply's audio is one stream
         self._out: codec.Resampler | None = None
 
-    def decode(self, kind: str, data: bytes) -> np.ndarray:
-        """An append's bytes in `kind` -> float32 at 16 kHz. Raises ValueError for bytes that are not `kind`."""
+    @staticmethod
+    def decode(kind: str, data: bytes) -> tuple[np.ndarray, int]:
+        """An append's bytes in `kind` -> (float32 samples, their rate). Raises ValueError for bytes that are not
+        `kind`."""
         law = _LAW.get(kind)
         if law is None:
-            return resample(pcm16_to_float(data), RATE, SAMPLE_RATE)
-        if kind != self._in_kind or self._in is None:
-            self._in_kind, self._in = kind, codec.Resampler(codec.G711_RATE, SAMPLE_RATE)
-        return self._in.push(codec.decode(law, data))
+            return pcm16_to_float(data), RATE
+        return codec.decode(law, data), codec.G711_RATE
 
     def encode(self, kind: str, turn_id: int, pcm16: bytes) -> bytes:
         """A reply's PCM16 at 24 kHz -> bytes in `kind`."""
