@@ -15,6 +15,7 @@ import numpy as np
 
 from llm_engine.request import ErrorEvent, FinishEvent, GenerateRequest, Timings, TokenEvent
 from voice.asr import Transcript
+from voice.conversation import Conversation
 from voice.llm_bridge import LlmBridge
 from voice.outbox import OutAudio
 from voice.reply import VoiceBinding
@@ -265,8 +266,12 @@ class Harness(MessageLog):
         persona: str = "assistant",
         turns: TurnPolicy | None = None,
         personas: dict[str, PersonaSpec] | None = None,
+        conversation: Conversation | None = None,
+        keep_conversation: bool = False,
         **settings: object,
     ) -> None:
+        self.own_engine = engine is None  # stopped at the end; one passed in may serve another harness after
+        self.keep_conversation = keep_conversation
         self.engine = engine or FakeEngine()
         self.transcriber = transcriber or FakeTranscriber()
         self.tts = tts or FakeTts()
@@ -283,7 +288,8 @@ class Harness(MessageLog):
         base = dict(greet=False, warm_prompt=False, output_sample_rate=RATE, budgets_ms={"voice_to_voice": 1800.0, "asr": 300.0},
                     turns=turns or TurnPolicy(detection="fixed"))  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
-        self.session = Session("s1", self.stages, self.settings, personas or PERSONAS, persona, on_trace=self.traces.append)
+        self.session = Session("s1", self.stages, self.settings, personas or PERSONAS, persona, on_trace=self.traces.append,
+                               conversation=conversation)  # fmt: skip
         self.messages: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self.audio_ms = 0.0  # audio fed so far (the client's clock)
@@ -294,11 +300,12 @@ class Harness(MessageLog):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.session.close()
+        await self.session.close(keep=self.keep_conversation)
         for task in (self._run, self._drain):
             task.cancel()
         await asyncio.gather(self._run, self._drain, return_exceptions=True)
-        self.engine.stop()
+        if self.own_engine:
+            self.engine.stop()
 
     async def _drain_outbox(self) -> None:
         while True:

@@ -4,14 +4,53 @@ Pure and synchronous (no asyncio, no clock, no models): voice.session records in
 Beside the messages it remembers where recent replies sit, so that what the user actually heard can replace what
 was written (a barge-in, a playback mark that comes late, the Realtime API's truncate), and where the last voice
 exchange began, so that a continuation joining its request replaces that exchange.
+
+The messages change only through its methods, and every change is also told, as a frozen `Change`, to a sink
+(voice.conversation's store): an append-only log that `replay` turns back into the same messages.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 Message = tuple[str, str]  # (role, content)
 RECENT_REPLIES = 16  # replies whose place in the history is remembered (for truncate)
+
+
+@dataclass(frozen=True)
+class Added:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Replaced:
+    index: int
+    content: str
+
+
+@dataclass(frozen=True)
+class Removed:
+    start: int
+    stop: int  # messages[start:stop] went
+
+
+Change = Added | Replaced | Removed
+
+
+def replay(changes: Iterable[Change]) -> list[Message]:
+    """The messages a log of changes leaves."""
+    messages: list[Message] = []
+    for c in changes:
+        if isinstance(c, Added):
+            messages.append((c.role, c.content))
+        elif isinstance(c, Replaced):
+            messages[c.index] = (messages[c.index][0], c.content)
+        else:
+            del messages[c.start : c.stop]
+    return messages
 
 
 class HeardReply(Protocol):
@@ -26,17 +65,47 @@ class HeardReply(Protocol):
 
 
 class History:
-    def __init__(self, max_chars: int, max_messages: int) -> None:
+    def __init__(
+        self, max_chars: int, max_messages: int, *, messages: Iterable[Message] = (), sink: Callable[[Change], None] | None = None
+    ) -> None:
         self.max_chars, self.max_messages = max_chars, max_messages
-        self.messages: list[Message] = []
+        self._messages: list[Message] = list(messages)  # a conversation's so far (resumed from its log)
+        self._sink = sink or (lambda change: None)
         self._said: dict[int, tuple[HeardReply, int]] = {}  # recent replies: turn -> (reply, index)
         self._interrupted: tuple[HeardReply, int] | None = None  # the reply interrupted last, and its index
         self._exchange: tuple[int, int] | None = None  # (voice turn, number of messages before its user message)
 
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return tuple(self._messages)
+
+    def _add(self, role: str, content: str) -> None:
+        self._messages.append((role, content))
+        self._sink(Added(role, content))
+
+    def _replace(self, index: int, content: str) -> None:
+        self._messages[index] = (self._messages[index][0], content)
+        self._sink(Replaced(index, content))
+
+    def _remove(self, start: int, stop: int) -> None:
+        if stop > start:
+            del self._messages[start:stop]
+            self._sink(Removed(start, stop))
+
+    def add(self, role: str, content: str) -> None:
+        """A message no turn of ours made (a client's item, its tool's output, a call as the model wrote it)."""
+        self._add(role, content)
+
+    def pop_last(self) -> Message:
+        """The last message, taken out (to be asked again as a turn)."""
+        last = self._messages[-1]
+        self._remove(len(self._messages) - 1, len(self._messages))
+        return last
+
     def prompt(self, system: str, user_text: str | None = None, joins: int | None = None) -> list[Message]:
         """System, history, the user's text. `joins`: the turn this one continues, whose exchange (its user message
         and what was heard of its reply) the joined request replaces."""
-        kept = self.messages
+        kept = self._messages
         if joins is not None and self._exchange is not None and self._exchange[0] == joins:
             kept = kept[: self._exchange[1]]
         return [("system", system), *kept, *([("user", user_text)] if user_text is not None else [])]
@@ -44,18 +113,18 @@ class History:
     def drop_joined(self, joins: int | None) -> None:
         """A request continued: the exchange of the turn it joins (its user message, the early reply) goes."""
         if joins is not None and self._exchange is not None and self._exchange[0] == joins:
-            del self.messages[self._exchange[1] :]
+            self._remove(self._exchange[1], len(self._messages))
             self._interrupted = None
 
     def add_user(self, text: str, voice_turn: int | None = None) -> None:
         """`voice_turn`: the voice turn this message is, so that a continuation can later replace its exchange."""
         if voice_turn is not None:
-            self._exchange = (voice_turn, len(self.messages))
-        self.messages.append(("user", text))
+            self._exchange = (voice_turn, len(self._messages))
+        self._add("user", text)
 
     def add_reply(self, reply: HeardReply, content: str, interrupted: bool) -> None:
-        self.messages.append(("assistant", content))
-        index = len(self.messages) - 1
+        self._add("assistant", content)
+        index = len(self._messages) - 1
         self._said[reply.turn_id] = (reply, index)
         if len(self._said) > RECENT_REPLIES:
             del self._said[next(iter(self._said))]
@@ -73,20 +142,20 @@ class History:
             return
         reply, index = self._interrupted
         reply.played_ms = played_ms
-        if index < len(self.messages) and self.messages[index][0] == "assistant":
-            self.messages[index] = ("assistant", reply.spoken())
+        if index < len(self._messages) and self._messages[index][0] == "assistant":
+            self._replace(index, reply.spoken())
 
     def truncate(self, turn_id: int, heard_ms: float, spoken: bool, slack_ms: float) -> str:
         """A recent reply keeps only its words of the first `heard_ms` (all of its text when it was not spoken).
         -> what is kept. ValueError when it is no longer in the history or `heard_ms` is more than was sent."""
         said = self._said.get(turn_id)
-        if said is None or said[1] >= len(self.messages) or self.messages[said[1]][0] != "assistant":
+        if said is None or said[1] >= len(self._messages) or self._messages[said[1]][0] != "assistant":
             raise ValueError(f"the reply of turn {turn_id} is no longer in the history")
         reply, index = said
         if heard_ms > reply.sent_ms + slack_ms:
             raise ValueError(f"{heard_ms:.0f} ms heard of {reply.sent_ms:.0f} ms sent")
         kept = reply.spoken(heard_ms) if spoken else reply.text.strip()
-        self.messages[index] = ("assistant", kept)
+        self._replace(index, kept)
         return kept
 
     def trim(self, force: bool = False) -> int:
@@ -94,7 +163,7 @@ class History:
         the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping one
         message a turn changed it every turn. `force`: halve it now, however long (the engine had to leave messages
         out to fit its context: its tokens outgrew the character budget). -> how many messages went."""
-        msgs = self.messages
+        msgs = self._messages
         chars = sum(len(text) for _, text in msgs)
         if not force and chars <= self.max_chars and len(msgs) <= self.max_messages:
             return 0
@@ -104,7 +173,7 @@ class History:
             keep_chars -= len(msgs[cut][1])
         while cut < len(msgs) and msgs[cut][0] != "user":
             cut += 1
-        del msgs[:cut]
+        self._remove(0, cut)
         if self._exchange is not None:  # indices move down with the cut; gone if what they held went
             self._exchange = (self._exchange[0], self._exchange[1] - cut) if self._exchange[1] >= cut else None
         if self._interrupted is not None:

@@ -141,7 +141,7 @@ class Replies:
         elif isinstance(d, ArgumentsDelta):
             self.s.outbox.send("tool.call.delta", turn_id=turn_id, index=d.index, arguments=d.text)
         elif isinstance(d, CallDone):
-            self.s.memory.messages.append(("assistant", call_text(d.call)))
+            self.s.memory.add("assistant", call_text(d.call))
             self.s.outbox.send("tool.call.done", turn_id=turn_id, call_id=d.call.id, name=d.call.name, arguments=d.call.arguments)
 
     def stop_current(self) -> None:

@@ -1,4 +1,5 @@
-"""One conversation per connection: persona, history, the user's turns and at most one reply.
+"""A connection's part of a conversation (voice.conversation, which outlives it): the user's turns and at most one
+reply, over the conversation's persona and history.
 
 Every decision about who holds the floor is made by voice.turntaking; this is the async shell that runs what it
 asks for: the Listener hears, the Replies (voice.replies) speak, the History (voice.history) remembers. Knows
@@ -17,6 +18,7 @@ import numpy as np
 
 from voice.audio import SAMPLE_RATE
 from voice.echo import ServerEcho, aec_available
+from voice.conversation import Conversation
 from voice.first_phrase import FirstPhrases
 from voice.frontend import FrontEnd
 from voice.history import History
@@ -58,27 +60,34 @@ class Session:
         *,
         outbox: Outbox | None = None,
         on_trace: Callable[[TurnTrace], None] = lambda trace: None,
+        conversation: Conversation | None = None,
     ) -> None:
+        """`conversation`: the one this connection carries on (its id, persona, voice and history win over
+        `session_id`, `persona` and `voice`); None: a new one of its own, that ends with it."""
         settings = replace(settings, turns=self._usable(settings.turns, stages))
         if settings.turns.uses_audio and stages.turn_model is None:
             raise ValueError(f"turn detection {settings.turns.detection!r} needs the audio turn model")
-        self.session_id = session_id
+        if conversation is None:
+            memory = History(settings.history_chars, settings.history_messages)
+            conversation = Conversation(session_id, memory, persona, voice)
         self.stages = stages
         self.settings = settings
         self.personas = personas
+        self.persona_name, self.voice_override = self._check(conversation.persona, conversation.voice)
+        self.conversation = conversation
+        self.session_id = conversation.id  # the engine's slot, the scheduler, admission and spans are keyed by it
         self.outbox = outbox or Outbox()
         self.on_trace = on_trace
-        self.persona_name, self.voice_override = self._check(persona, voice)
         self._log_tools()
         self.instructions: str | None = None  # replaces the persona's system prompt (the Realtime API's)
         self.auto_reply = True  # a voice turn that ends is answered; else it only joins the history (respond())
         self.speak = True  # replies are spoken; else text only
         self.client_tools: tuple[ToolSpec, ...] = ()  # tools the client runs (the Realtime API's session.tools)
         self.client_tool_choice: str | None = None  # auto | required | none | a name; None: the persona's
-        self.memory = History(settings.history_chars, settings.history_messages)  # what the user said and heard
-        self.turns = TurnTaking(self._spoken_in(settings.turns), settings.vad_threshold)
+        self.memory = conversation.memory  # what the user said and heard
+        self.turns = TurnTaking(self._spoken_in(settings.turns), settings.vad_threshold, conversation.last_turn + 1)
         self.listener = Listener(
-            session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
+            self.session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner, partial_busy_interval_ms=settings.partial_busy_interval_ms,
             busy=lambda: self.preempt.busy(), frontend=self._frontend(settings),
@@ -90,6 +99,7 @@ class Session:
         self.task_group: asyncio.TaskGroup | None = None  # the session's tasks, while run() runs
         self._early: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
         self._warming: asyncio.Task[Any] | None = None  # the warm-up prefill in flight (rewarm)
+        conversation.attach()  # last: a session that failed to build never carried it
 
     @property
     def state(self) -> str:
@@ -113,7 +123,7 @@ class Session:
         return self.personas[self.persona_name]
 
     @property
-    def history(self) -> list[tuple[str, str]]:
+    def history(self) -> tuple[tuple[str, str], ...]:
         """(role, content): what the user said and heard, oldest first."""
         return self.memory.messages
 
@@ -189,6 +199,11 @@ class Session:
         self.memory.add_user(text)
         self.memory.trim()
 
+    def add_message(self, role: str, content: str) -> None:
+        """Another message a client puts in the history (the Realtime API's assistant items, its tools' outputs)."""
+        self.memory.add(role, content)
+        self.memory.trim()
+
     def respond(self) -> int:
         """Answer the history's last message, a user's or a tool result. -> the reply's turn id."""
         if self.history and self.history[-1][0] == "tool":  # a client's tool result: the reply goes on from it
@@ -200,7 +215,7 @@ class Session:
             return turn_id
         if not self.history or self.history[-1][0] != "user":
             raise InputError("no_input", "nothing to answer: the conversation does not end with a user message")
-        return self.text_input(self.history.pop()[1])
+        return self.text_input(self.memory.pop_last()[1])
 
     def truncate(self, turn_id: int, heard_ms: float) -> str:
         """The history keeps only the words of a recent reply's first `heard_ms` (the Realtime API's truncate,
@@ -270,8 +285,9 @@ class Session:
                     assert utt is not None
                     utt.partial_task = self.spawn(self.shell.partial, utt)
 
-    async def close(self) -> None:
-        """Stop everything this session started, wait for it, and free its engine slot."""
+    async def close(self, keep: bool = False) -> None:
+        """Stop everything this session started, wait for it, and detach from the conversation; `keep`: the
+        conversation goes on (another connection may carry it: its engine slot stays), else its slot is freed."""
         self.replies.stop_current()
         self.preempt.close()
         self._early.clear()
@@ -282,7 +298,9 @@ class Session:
         if pending:
             await asyncio.wait(pending, timeout=5.0)
         self.replies.close()
-        await asyncio.to_thread(self.stages.llm.release, self.session_id)
+        self.conversation.detach(self.persona_name, self.voice_override, self.turns.last_turn)
+        if not keep:
+            await asyncio.to_thread(self.stages.llm.release, self.session_id)
 
     async def reply_finished(self, timeout_s: float) -> None:
         """Wait (at most `timeout_s`) for the reply being spoken to end by itself."""

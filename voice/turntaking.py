@@ -77,11 +77,11 @@ class TurnTaking:
     """The floor: who speaks, when a turn ends, which reply runs. Call `listen(frame_ms, end_lag_ms)` once the VAD
     is known, then feed events; every method returns the actions to run, in order."""
 
-    def __init__(self, policy: TurnPolicy, vad_threshold: float = 0.5) -> None:
+    def __init__(self, policy: TurnPolicy, vad_threshold: float = 0.5, first_turn: int = 1) -> None:
         self.policy = policy
         self.vad_threshold = vad_threshold
         self._endpointer: Endpointer | None = None
-        self._next_turn = 1
+        self._next_turn = first_turn  # a conversation carried on by a new connection goes on counting
         self._heard: _Heard | None = None
         self._answering: int | None = None  # ended voice turn waiting for its final transcript
         self._last_end: tuple[int, float] | None = None  # (turn, audio ms of its endpoint) while it may be rejoined

@@ -1,14 +1,17 @@
-"""What one server holds while it runs: its config, metrics, loaded stages and live sessions, and whether it takes
-another session. Shared by the routes (web.app) and the socket handlers (web.ws, web.realtime)."""
+"""What one server holds while it runs: its config, metrics, loaded stages, its conversations and the live sessions
+that carry them, and whether it takes another session. Shared by the routes (web.app) and the socket handlers (web.ws, web.realtime)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from parley import runtime as rt
 from parley.config import AppConfig
 from parley.thread_budget import available_cores
+from voice.conversation import Conversations
+from voice.outbox import Outbox
 from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.trace import TurnTrace
@@ -32,6 +35,7 @@ class AppState:
     meter: LoadMeter = field(default_factory=LoadMeter)  # each session's measured load (admission's cost model)
     engine_meter: LoadMeter = field(default_factory=LoadMeter)  # each session's share of the engine's wall time
     telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
+    conversations: Conversations = field(default_factory=Conversations)  # each outlives the connection that carries it
 
     @property
     def stages(self) -> Stages:
@@ -48,6 +52,32 @@ class AppState:
         """A finished turn: /metrics, /api/traces and the trace log, and its spans when export is on."""
         self.metrics.record_trace(trace.to_dict())
         self.telemetry.turn(trace)
+
+    def open_session(
+        self, session_id: str, settings: SessionSettings, persona: str, voice: str | None, *,
+        outbox: Outbox, on_trace: Callable[[TurnTrace], None],
+    ) -> Session:  # fmt: skip
+        """A connection's session over a conversation of its id (new, or one carried on). Raises the session's
+        InputError (an unknown persona or voice) with nothing left behind."""
+        conversation = self.conversations.open(session_id, persona=persona, voice=voice,
+                                               max_chars=settings.history_chars, max_messages=settings.history_messages)  # fmt: skip
+        try:
+            session = Session(session_id, self.stages, settings, self.personas, persona, voice,
+                              outbox=outbox, on_trace=on_trace, conversation=conversation)  # fmt: skip
+        except BaseException:
+            if not conversation.attached:
+                self.conversations.end(session_id)
+            raise
+        self.sessions[session_id] = session
+        return session
+
+    async def close_session(self, session: Session) -> None:
+        """A connection is gone: its session stops, and (no connection can carry a conversation on yet) the
+        conversation ends with it, its engine slot freed."""
+        self.drop_session(session.session_id)
+        await session.close()
+        self.conversations.end(session.session_id)
+        self.telemetry.session_closed(session.session_id)  # after close: its held traces are in
 
     def drop_session(self, session_id: str) -> None:
         """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""

@@ -107,9 +107,7 @@ class TwilioCall:
             pass
         finally:
             if self.session is not None:
-                self.state.drop_session(self.session_id)
-                await self.session.close()
-                self.state.telemetry.session_closed(self.session_id)
+                await self.state.close_session(self.session)
             self.state.metrics.session_closed()
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
@@ -179,10 +177,9 @@ class TwilioCall:
         settings = replace(st.settings, output_sample_rate=codec.G711_RATE, server_aec=False)
         params = event.start.custom_parameters
         persona = params.get("persona") or st.cfg.twilio.persona or st.cfg.default_persona
-        self.session = Session(self.session_id, st.stages, settings, st.personas, persona, params.get("voice"),
-                               outbox=self.outbox, on_trace=st.record_turn)  # fmt: skip
+        self.session = st.open_session(self.session_id, settings, persona, params.get("voice"),
+                                       outbox=self.outbox, on_trace=st.record_turn)  # fmt: skip
         self.stream_sid = event.start.stream_sid or event.stream_sid
-        st.sessions[self.session_id] = self.session
         st.pending.pop(self, None)
         st.telemetry.session_opened(self.session_id, transport="twilio", persona=self.session.persona_name,
                                     voice=self.session.voice_name)  # fmt: skip

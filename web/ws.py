@@ -156,9 +156,7 @@ class Connection:
             pass
         finally:
             if self.session is not None:
-                self.state.drop_session(self.session_id)
-                await self.session.close()
-                self.state.telemetry.session_closed(self.session_id)  # after close: its held traces are in
+                await self.state.close_session(self.session)
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
             self._finished.set()
@@ -263,13 +261,11 @@ class Connection:
         # there are the server's own) needs none of the server's
         own_aec = msg.echo_cancelled or self.transport == "webrtc"
         settings = replace(st.settings, server_aec=False) if own_aec else st.settings
-        session = Session(
-            self.session_id, st.stages, settings, st.personas, msg.persona or st.cfg.default_persona, msg.voice,
-            outbox=self.outbox, on_trace=self._on_trace,
-        )  # fmt: skip  (raises InputError for an unknown persona or voice: the client may try again)
+        session = st.open_session(self.session_id, settings, msg.persona or st.cfg.default_persona, msg.voice,
+                                  outbox=self.outbox, on_trace=self._on_trace)  # fmt: skip
+        # (raises InputError for an unknown persona or voice: the client may try again)
         self.session = session
         self.input_rate = msg.sample_rate
-        st.sessions[self.session_id] = session
         st.pending.pop(self, None)
         st.telemetry.session_opened(self.session_id, transport=self.transport, persona=session.persona_name, voice=session.voice_name)
         self.outbox.send("session.ready", **self._ready_fields())

@@ -47,7 +47,7 @@ async def test_spoken_turn_sends_events_in_order_with_a_complete_trace() -> None
         assert stages["voice_to_voice"] == pytest.approx(marks["first_audio_sent"] - marks["speech_end"], abs=0.01)
         assert set(stages) == {"endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"}
         assert trace["budgets_ms"] == {"voice_to_voice": 1800.0, "asr": 300.0}
-        assert h.session.history == [("user", "what is the weather like today"), ("assistant", done["text"])]
+        assert list(h.session.history) == [("user", "what is the weather like today"), ("assistant", done["text"])]
         assert h.session.state == "idle"
         assert h.traces[0].turn_id == trace["turn_id"] == done["turn_id"]
 
@@ -94,7 +94,7 @@ async def test_greeting_is_spoken_first_and_enters_history_without_a_trace() -> 
         done = await h.wait_for("response.done")
         assert done["text"] == "Hello there." and not done["interrupted"]
         assert h.types() == ["response.text.delta", "audio", "response.done"]
-        assert h.session.history == [("assistant", "Hello there.")]
+        assert list(h.session.history) == [("assistant", "Hello there.")]
         assert not h.engine.requests and not h.of("turn.trace")
 
 
@@ -204,7 +204,7 @@ async def test_empty_transcript_makes_no_reply() -> None:
         final = await h.wait_for("transcript.final")
         assert final["text"] == ""
         assert h.session.state == "idle"  # decided with the final, in the same step: a reply would be running now
-        assert not h.of("response.done") and h.session.history == []
+        assert not h.of("response.done") and list(h.session.history) == []
         assert all(r.sampling.max_new_tokens == 0 for r in h.engine.requests)
         trace = await h.wait_for("turn.trace")  # the log still says why nothing answered
         assert trace["turn_id"] == final["turn_id"] and trace["no_words"] is True and "endpoint" in trace["marks_ms"]

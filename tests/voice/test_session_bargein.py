@@ -86,7 +86,7 @@ async def test_short_burst_and_backchannel_do_not_interrupt() -> None:
         assert len(h.of("vad.speech_started")) == 2 and not h.of("transcript.final")
         resumed = h.of("response.resumed")
         assert [(m["turn_id"], m["reason"]) for m in resumed] == [(turn, "none"), (turn, "backchannel")]
-        assert h.session.history == [("user", "tell me a long story"), ("assistant", done["text"])]
+        assert list(h.session.history) == [("user", "tell me a long story"), ("assistant", done["text"])]
 
 
 async def test_typed_turn_during_a_reply_replaces_it() -> None:
@@ -125,7 +125,7 @@ async def test_persona_switch_greets_in_the_new_voice() -> None:
         assert " ".join(text for text, _, _ in h.kal.calls) == "Hello there, traveller."  # the storyteller's own voice
         assert {(rate, voice) for _, rate, voice in h.kal.calls} == {(1.0, "kal")} and len(h.tts.calls) == 1
         assert [m["turn_id"] for m in h.of("audio")][-1] == done["turn_id"]
-        assert h.session.history == [("assistant", "Hello there."), ("assistant", "Hello there, traveller.")]
+        assert list(h.session.history) == [("assistant", "Hello there."), ("assistant", "Hello there, traveller.")]
         assert not h.engine.requests and not h.of("turn.trace") and not h.of("response.audio.clear")
         # a voice change alone, or a persona without a greeting, says nothing
         h.session.update(voice="joe")

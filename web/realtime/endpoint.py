@@ -87,8 +87,8 @@ class RealtimeConnection:
         self.config = RealtimeConfig(voice="alloy", instructions="")
         self.base = state.settings
         settings = replace(state.settings, output_sample_rate=RATE, greet=False)  # OpenAI's rate; no greeting
-        self.session = Session(self.session_id, state.stages, settings, state.personas, state.cfg.default_persona,
-                               outbox=self.outbox, on_trace=state.record_turn)  # fmt: skip
+        self.session = state.open_session(self.session_id, settings, state.cfg.default_persona, None,
+                                          outbox=self.outbox, on_trace=state.record_turn)  # fmt: skip
         self.translator = Translator()
         self.wire_audio = WireAudio()  # audio/pcm, or G.711 (audio/pcmu, audio/pcma), each way
         self.rate = RateLimiter(self.limits.max_messages_per_s)
@@ -101,7 +101,6 @@ class RealtimeConnection:
 
     async def run(self) -> None:
         st = self.state
-        st.sessions[self.session_id] = self.session
         st.metrics.session_opened()
         st.telemetry.session_opened(self.session_id, transport="realtime", model=self.model_name)
         self._native({"type": "session.created", "session": self._wire()})
@@ -115,11 +114,9 @@ class RealtimeConnection:
         except* (WebSocketDisconnect, OSError, RuntimeError):
             pass
         finally:
-            st.drop_session(self.session_id)
             for task in self._tasks:
                 task.cancel()
-            await self.session.close()
-            st.telemetry.session_closed(self.session_id)
+            await st.close_session(self.session)
             st.metrics.session_closed()
             try:
                 await self.ws.close(P.CLOSE_GOING_AWAY if self._stop.is_set() else P.CLOSE_NORMAL)
@@ -300,7 +297,7 @@ class RealtimeConnection:
         if role == "user":
             self.session.add_user(text)
         else:
-            self.session.history.append(("assistant", text))
+            self.session.add_message("assistant", text)
 
     def _tool_output(self, item: dict[str, Any]) -> None:
         """The client's result of a function call: into the history, answered by the next response.create."""
@@ -313,7 +310,7 @@ class RealtimeConnection:
         wire = {"id": item_id, "object": "realtime.item", "type": "function_call_output", "call_id": call_id,
                 "output": output, "status": "completed"}  # fmt: skip
         self._native(*self.translator.added(wire), {"type": "conversation.item.done", "previous_item_id": None, "item": wire})
-        self.session.history.append(("tool", output))
+        self.session.add_message("tool", output)
 
     def _response_create(self, event: dict[str, Any], arrival_ns: int) -> None:
         self.session.respond()

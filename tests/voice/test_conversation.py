@@ -1,0 +1,90 @@
+"""A conversation outlives the connection that carries it (voice.conversation): a session detaches, another attaches
+and goes on with the same history, turn ids and engine slot; its history is an append-only log a store replays."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from fakes import FakeEngine, Harness
+from voice.conversation import AlreadyAttached, Conversations, MemoryStore
+from voice.history import Added, History, Removed, Replaced, replay
+
+
+async def test_a_conversation_survives_detach_and_attach() -> None:
+    engine = FakeEngine()
+    conversations = Conversations()
+    conv = conversations.open("c1", persona="assistant", voice=None, max_chars=10_000, max_messages=100)
+    try:
+        async with Harness(engine=engine, conversation=conv, keep_conversation=True) as first:
+            assert first.session.session_id == "c1"  # the engine's slot, scheduler and spans go by the conversation
+            asked = first.session.text_input("what is the weather like")
+            said = (await first.wait_for("response.done"))["text"]
+        assert not conv.attached and conv.last_turn == asked
+        assert "c1" in engine.slots  # detached, not ended: the slot and its cached prompt stay
+        async with Harness(engine=engine, conversation=conv) as second:
+            assert list(second.session.history) == [("user", "what is the weather like"), ("assistant", said)]
+            again = second.session.text_input("and tomorrow?")
+            await second.wait_for("response.done")
+            assert again == asked + 1  # turn ids go on: traces and marks of both connections never collide
+            reply = engine.requests[-1]
+            assert [m.content for m in reply.messages][-3:] == ["what is the weather like", said, "and tomorrow?"]
+            assert engine.finished[-1].timings.reused_tokens > 0  # the first connection's cache, taken up
+        assert "c1" not in engine.slots  # closed without keeping it: the slot is freed
+        assert [m for m in replay(conversations.store.load("c1"))] == list(conv.memory.messages)
+    finally:
+        engine.stop()
+
+
+async def test_one_connection_at_a_time_carries_a_conversation() -> None:
+    conv = Conversations().open("c2", persona="assistant", voice=None, max_chars=10_000, max_messages=100)
+    async with Harness(conversation=conv):
+        with pytest.raises(AlreadyAttached):
+            Harness(conversation=conv)
+    assert not conv.attached
+
+
+def test_a_conversation_resumes_from_its_store_and_an_ended_one_is_gone() -> None:
+    store = MemoryStore()
+    old = Conversations(store)
+    conv = old.open("c3", persona="assistant", voice="kal", max_chars=10_000, max_messages=100)
+    conv.memory.add_user("hello")
+    conv.memory.add("assistant", "Hi.")
+    again = Conversations(store).open("c3", persona="other", voice=None, max_chars=10_000, max_messages=100)
+    assert again.memory.messages == (("user", "hello"), ("assistant", "Hi."))
+    old.end("c3")
+    assert old.get("c3") is None and store.load("c3") == ()
+
+
+@dataclass
+class Said:
+    turn_id: int
+    text: str
+    played_ms: float = 0.0
+
+    @property
+    def sent_ms(self) -> float:
+        return 100.0 * len(self.text.split())
+
+    def spoken(self, heard_ms: float | None = None) -> str:
+        ms = self.played_ms if heard_ms is None else heard_ms
+        words = self.text.split()
+        return " ".join(words[: len(words) if math.isinf(ms) else int(ms // 100)])
+
+
+def test_every_change_of_the_history_is_logged_and_the_log_replays_it() -> None:
+    log: list[object] = []
+    h = History(max_chars=120, max_messages=100, sink=log.append)
+    for turn in range(1, 6):
+        h.add_user(f"question number {turn} about something", voice_turn=turn)
+        h.add_reply(Said(turn, "one two three four five six"), "one two three four five six", interrupted=turn == 5)
+        h.trim()
+    h.correct(5, 300.0)  # a late mark: the interrupted reply keeps what played
+    h.truncate(5, 200.0, spoken=True, slack_ms=0.0)
+    h.add_user("more", voice_turn=6)
+    h.drop_joined(6)
+    h.add("tool", "{}")
+    assert h.pop_last() == ("tool", "{}")
+    assert {type(c) for c in log} == {Added, Replaced, Removed}
+    assert replay(log) == list(h.messages)  # type: ignore[arg-type]
