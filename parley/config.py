@@ -89,6 +89,12 @@ class VadConfig(_Strict):
         return self
 
 
+class AudioConfig(_Strict):
+    # noise suppression before VAD and recognition, after the echo canceller (voice/denoise.py; docs/benchmarks.md,
+    # "Noisy rooms", for what each costs and buys)
+    denoise: Literal["none", "rnnoise", "deepfilternet"] = "none"
+
+
 class Remote(_Strict):
     """A stage behind an OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama, speaches, `parley stages`)."""
 
@@ -330,6 +336,7 @@ class ObservabilityConfig(_Strict):
 class AppConfig(_Strict):
     models: ModelsConfig = ModelsConfig()
     vad: VadConfig = VadConfig()
+    audio: AudioConfig = AudioConfig()
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()

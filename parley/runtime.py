@@ -18,7 +18,7 @@ from voice.reply import VoiceBinding
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.turn_policy import TurnPolicy
 from voice.vad import Vad
-from parley.config import AppConfig
+from parley.config import AppConfig, ConfigError
 from parley.locate import resolve
 from parley.thread_budget import ThreadBudget, available_cores
 from parley.tool_offer import NOT_LOADED, ToolSupport, llm_tool_support, offered_entries
@@ -280,11 +280,26 @@ def load(cfg: AppConfig, stages: Collection[str] = ALL_STAGES, *, sessions: bool
     if engine is not None and stats is not None:  # the shared scheduler counts its running jobs
         engine.share_cores(lambda: budget.engine_team(stats.running))
     loaded = Stages(make_vad=make_vad, transcriber=transcriber, llm=llm, voices=voices, turn_model=turn_model,
-                    runner=runner)  # fmt: skip
+                    runner=runner, make_denoiser=denoiser_factory(cfg) if sessions else None)  # fmt: skip
     log.info("threads on %d cores: engine %d, %d stage workers (%s), recognition %d and speech %d a job",
              budget.cores, budget.engine, budget.stage_workers, cfg.server.scheduling, budget.asr, budget.tts)
     times = {k: v for k, v in times.items() if k in stages or k in ("vad", "turn")}  # what was loaded
     return Runtime(stages=loaded, engine=engine, load_s=times, threads=budget, served=frozenset(stages), sessions=sessions)
+
+
+def denoiser_factory(cfg: AppConfig) -> Callable[[], Any] | None:
+    """Each session's noise suppressor (audio.denoise), built once here so a missing package fails the start, not a
+    session."""
+    backend = cfg.audio.denoise
+    if backend == "none":
+        return None
+    from voice.denoise import Denoiser, DenoiseUnavailable
+
+    try:
+        Denoiser(backend)
+    except DenoiseUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+    return lambda: Denoiser(backend)
 
 
 def stage_runner(cfg: AppConfig, budget: ThreadBudget) -> Any:

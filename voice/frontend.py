@@ -82,6 +82,10 @@ class FrontEnd:
         """The most the chain holds back: what its output lags the microphone by, the queue aside."""
         return self._resample.delay_ms + sum(s.delay_ms for s in self.stages)
 
+    def stage_delay_ms(self, name: str) -> float | None:
+        """The delay of the stage of that name, or None when the chain has none."""
+        return next((s.delay_ms for s in self.stages if s.name == name), None)
+
     def receive(self, samples: np.ndarray, rate: int) -> float:
         """A message's samples have arrived (before any queue) -> the microphone time of its first sample."""
         if not MIN_RATE <= rate <= MAX_RATE:

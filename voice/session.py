@@ -90,7 +90,7 @@ class Session:
             self.session_id, stages.make_vad, stages.transcriber, stages.llm, stages.turn_model,
             partial_interval_ms=settings.partial_interval_ms, min_speech_ms=settings.turns.min_speech_ms,
             runner=stages.runner, partial_busy_interval_ms=settings.partial_busy_interval_ms,
-            busy=lambda: self.preempt.busy(), frontend=self._frontend(settings),
+            busy=lambda: self.preempt.busy(), frontend=self._frontend(settings, stages),
         )  # fmt: skip
         self.replies = Replies(self)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
@@ -109,9 +109,11 @@ class Session:
     # -- who speaks ----------------------------------------------------------------------------
 
     @staticmethod
-    def _frontend(settings: SessionSettings) -> FrontEnd:
-        """The microphone's chain: our own voice taken out first (the server's echo canceller, when asked for)."""
-        return FrontEnd(echo=ServerEcho() if settings.server_aec and aec_available() else None)
+    def _frontend(settings: SessionSettings, stages: Stages) -> FrontEnd:
+        """The microphone's chain: our own voice taken out first (the server's echo canceller, when asked for), then
+        the noise (audio.denoise)."""
+        echo = ServerEcho() if settings.server_aec and aec_available() else None
+        return FrontEnd([stages.make_denoiser()] if stages.make_denoiser is not None else [], echo=echo)
 
     @property
     def echo(self) -> ServerEcho | None:
@@ -314,6 +316,8 @@ class Session:
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
         trace.info.update(input=kind, persona=self.persona_name, voice=self.voice_name)
+        if kind == "voice" and (denoise := self.listener.frontend.stage_delay_ms("denoise")) is not None:
+            trace.info["denoise_ms"] = round(denoise, 3)  # what noise suppression held the microphone back
         return trace
 
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from voice.asr import Transcriber
+from voice.frontend import AudioStage
 from voice.interjection import Lexicon
 from voice.llm_stage import LlmStage
 from voice.phrase_audio import PhraseAudioCache
@@ -68,6 +69,7 @@ class Stages:
     llm: LlmStage  # voice.llm_bridge.LlmBridge over our engine, or voice.remote.llm.RemoteLlm
     voices: Mapping[str, VoiceBinding]
     turn_model: TurnModel | None = None  # the audio end-of-turn model, for smart_turn / combined detection
+    make_denoiser: Callable[[], AudioStage] | None = None  # noise suppression (voice.denoise): one per session
     tts_work: WorkCounter = field(default_factory=WorkCounter)
     runner: StageRunner = field(default_factory=DirectRunner)  # where recognition, synthesis and turn checks run
     phrase_audio: PhraseAudioCache = field(default_factory=PhraseAudioCache)  # greetings' audio, made once a voice

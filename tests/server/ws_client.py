@@ -73,17 +73,18 @@ class Client(MessageLog):
         await self.ws.send(json.dumps(msg))
 
     async def start(self, **fields: Any) -> dict[str, Any]:
-        await self.send(type="session.start", protocol=1, sample_rate=RATE, **fields)
+        await self.send(type="session.start", protocol=1, **{"sample_rate": RATE, **fields})
         return await self.wait_for("session.ready")
 
-    async def stream(self, audio: np.ndarray, *, realtime: bool = True, until: Any = None) -> None:
-        """Send 16 kHz float32 audio in 20 ms frames, paced by the wall clock like a microphone."""
-        n = RATE * FRAME_MS // 1000
+    async def stream(self, audio: np.ndarray, *, realtime: bool = True, until: Any = None, rate: int = RATE) -> None:
+        """Send float32 audio at `rate` (the session.start's) in 20 ms frames, paced by the wall clock like a
+        microphone."""
+        n = rate * FRAME_MS // 1000
         t0 = time.monotonic()
         start_ms = self.audio_sent_ms
         for i in range(0, len(audio), n):
             await self.ws.send(pcm16(audio[i : i + n]))
-            self.audio_sent_ms += 1000.0 * len(audio[i : i + n]) / RATE
+            self.audio_sent_ms += 1000.0 * len(audio[i : i + n]) / rate
             if until is not None and until():
                 return
             if realtime:
