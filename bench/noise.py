@@ -164,13 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--denoise", default="none,rnnoise,deepfilternet")
     p.add_argument("--snrs", default=",".join(map(str, SNRS_DB)))
     p.add_argument("--noise-s", type=float, default=60.0, help="seconds of each noise alone (turns opened)")
-    p.add_argument("--tiny", action="store_true", help="3 prompts, 5 and 20 dB, 10 s of noise alone")
+    p.add_argument("--tiny", action="store_true", help="2 prompts, 5 dB, 10 s of noise alone")
     p.add_argument("--out", default="artifacts/bench/noise.json")
     args = p.parse_args(argv)
     snrs = tuple(int(s) for s in args.snrs.split(","))
     n, noise_s = args.prompts, args.noise_s
     if args.tiny:
-        n, snrs, noise_s = 3, (20, 5), 10.0
+        n, snrs, noise_s = 2, (5,), 10.0
     if not real_speech.available():
         print(f"bench.noise: the real-speech corpus is missing: apt-get install {real_speech.PACKAGES}", file=sys.stderr)
         return 2

@@ -150,6 +150,9 @@ class DesktopClient:
                 await self._sleep(backoff_s(attempt))
                 attempt += 1
                 continue
+            if lost_since is not None:
+                self.view.notice = "reconnected: the conversation goes on" if self._conn.resumed else \
+                    "reconnected: a new conversation (the old one could not be resumed)"
             attempt, lost_since = 0, None
             self.connects += 1
             self._on_ready(self.info)

@@ -80,6 +80,8 @@ class Connection:
         self.token = token
         self.sample_rate = sample_rate
         self.open_timeout_s = open_timeout_s
+        self.resume_token: str | None = None  # the last session.ready's: a reconnect carries the conversation on
+        self.resumed = False  # the last open() carried the conversation of a dropped connection on
         self._ws: Any = None
 
     async def open(self, persona: str | None, voice: str | None) -> ServerInfo:
@@ -102,7 +104,7 @@ class Connection:
                                "is `parley serve` running? Use --server HOST:PORT", retry=True) from None
         self._ws = ws
         start = SessionStart(type="session.start", protocol=PROTOCOL_VERSION, sample_rate=self.sample_rate,
-                             persona=persona, voice=voice, echo_cancelled=self.echo_cancelled)
+                             persona=persona, voice=voice, echo_cancelled=self.echo_cancelled, resume=self.resume_token)
         try:
             # A refused session (wrong token) may already be closing; its reason is still readable.
             with contextlib.suppress(ConnectionClosed):
@@ -113,7 +115,11 @@ class Connection:
                     continue
                 msg = json.loads(raw)
                 if msg.get("type") == "session.ready":
+                    self.resume_token, self.resumed = msg.get("resume_token"), bool(msg.get("resumed"))
                     return ServerInfo.from_ready(msg)
+                if msg.get("type") == "error" and msg.get("code") == "resume_failed":
+                    self.resume_token = None  # too late or unknown: the server starts a new conversation
+                    continue
                 if msg.get("type") == "error":
                     await self.close()
                     auth = msg.get("code") in _AUTH_CODES
@@ -158,6 +164,8 @@ class Connection:
             raise ConnectionLost(str(exc)) from None
 
     async def close(self) -> None:
+        """Closed on purpose (1000): the server ends the conversation, so there is nothing to resume."""
+        self.resume_token = None
         ws, self._ws = self._ws, None
         if ws is not None:
             await ws.close()

@@ -194,6 +194,9 @@ class ServerConfig(_Strict):
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be in by then
     max_header_bytes: int = Field(65536, ge=4096)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: how long running replies may go on before the close
+    # a connection that drops (not closed by its client) leaves its conversation this long for a reconnect with the
+    # session.ready's resume_token (web/resume.py); 0: never
+    resume_window_s: float = Field(60.0, ge=0)
     # recognition, synthesis and turn checks: "priority" runs them on a few shared workers, what a user waits for
     # first (voice.scheduler); "direct" runs each on its own thread at once (the behaviour before, for comparison)
     scheduling: Literal["priority", "direct"] = "priority"

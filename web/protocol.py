@@ -66,6 +66,7 @@ class SessionStart(_Msg):
     persona: Name | None = None
     voice: Name | None = None
     echo_cancelled: bool = False  # the client takes its own echo out (a browser's AEC): the server's canceller is not run
+    resume: str | None = Field(None, max_length=64)  # a dropped connection's resume_token: carry its conversation on
 
 
 class InputText(_Msg):
@@ -102,7 +103,7 @@ CLIENT_TYPES = ("session.start", "input.text", "response.cancel", "playback.mark
 
 # Server -> client: the fields each type must carry (checked in encode so a typo cannot reach a client).
 SERVER_FIELDS: dict[str, tuple[str, ...]] = {
-    "session.ready": ("session_id", "protocol", "input_sample_rate", "output_sample_rate", "persona", "voice", "personas", "voices"),
+    "session.ready": ("session_id", "resume_token", "resumed", "protocol", "input_sample_rate", "output_sample_rate", "persona", "voice", "personas", "voices"),
     "session.updated": ("persona", "voice"),
     "vad.speech_started": ("turn_id", "t_ms"),
     "vad.speech_ended": ("turn_id", "t_ms"),

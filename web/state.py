@@ -2,6 +2,7 @@
 that carry them, and whether it takes another session. Shared by the routes (web.app) and the socket handlers (web.ws, web.realtime)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from web.admission import Admission
 from web.capacity import CostModel, LoadMeter, Refusal
 from web.metrics import Metrics
 from web.otel.export import Telemetry
+from web.resume import ResumeTokens
 
 
 @dataclass
@@ -36,6 +38,11 @@ class AppState:
     engine_meter: LoadMeter = field(default_factory=LoadMeter)  # each session's share of the engine's wall time
     telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
     conversations: Conversations = field(default_factory=Conversations)  # each outlives the connection that carries it
+    resume: ResumeTokens = field(init=False)  # tokens that carry a dropped connection's conversation on (web.resume)
+    _expiring: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.resume = ResumeTokens(self.cfg.server.resume_window_s, max_held=4 * self.cfg.server.max_sessions)
 
     @property
     def stages(self) -> Stages:
@@ -71,13 +78,39 @@ class AppState:
         self.sessions[session_id] = session
         return session
 
-    async def close_session(self, session: Session) -> None:
-        """A connection is gone: its session stops, and (no connection can carry a conversation on yet) the
-        conversation ends with it, its engine slot freed."""
-        self.drop_session(session.session_id)
-        await session.close()
-        self.conversations.end(session.session_id)
-        self.telemetry.session_closed(session.session_id)  # after close: its held traces are in
+    async def close_session(self, session: Session, resumable: bool = False, handed_over: bool = False) -> None:
+        """A connection is gone: its session stops. `resumable` (it dropped, and resuming is on): the conversation
+        and its engine slot are held for resume_window_s for a reconnect with its token; `handed_over`: another
+        connection resumed it and takes it now; else it ends now."""
+        conversation_id = session.session_id
+        self.drop_session(conversation_id)
+        keep = handed_over or (resumable and self.resume.window_s > 0)
+        await session.close(keep=keep)
+        if handed_over:
+            pass
+        elif keep:
+            for old in self.resume.hold(conversation_id, time.monotonic()):
+                await self._end_held(old)
+            task = asyncio.get_running_loop().create_task(self._expire_after(self.resume.window_s))
+            self._expiring.add(task)
+            task.add_done_callback(self._expiring.discard)
+        else:
+            self.resume.forget(conversation_id)
+            self.conversations.end(conversation_id)
+        self.telemetry.session_closed(conversation_id)  # after close: its held traces are in
+
+    async def _expire_after(self, delay_s: float) -> None:
+        """Conversations whose reconnect window has passed end: their engine slots are freed."""
+        await asyncio.sleep(delay_s + 0.05)
+        for conversation_id in self.resume.expired(time.monotonic()):
+            await self._end_held(conversation_id)
+
+    async def _end_held(self, conversation_id: str) -> None:
+        conversation = self.conversations.get(conversation_id)
+        if conversation is not None and not conversation.attached:
+            self.conversations.end(conversation_id)
+            if self.runtime is not None:
+                await asyncio.to_thread(self.stages.llm.release, conversation_id)
 
     def drop_session(self, session_id: str) -> None:
         """A session ended. The last one leaving clears the recent latencies admission goes by: they were its."""

@@ -28,7 +28,7 @@ from voice.audio import pcm16_to_float
 from voice.session import InputError
 from voice.trace import now_ns
 from web import protocol as P
-from web.limits import origin_allowed
+from web.limits import given_token, origin_allowed
 from web.state import AppState
 from web.webrtc_loss import skip_lost_packets
 from web.webrtc_media import ReplyTrack, read_microphone
@@ -83,7 +83,8 @@ class ChannelSocket:
     def disconnect(self) -> None:
         if self.application_state == WebSocketState.CONNECTED:
             self.application_state = WebSocketState.DISCONNECTED
-            self._inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
+            # a data channel cannot say why it closed: held for a reconnect (web.resume), as a dropped socket is
+            self._inbox.put_nowait({"type": "websocket.disconnect", "code": 1001})
 
     async def receive(self) -> dict[str, Any]:
         return await self._inbox.get()
@@ -110,8 +111,8 @@ class WebRtcConnection(Connection):
 
     transport = "webrtc"
 
-    def __init__(self, socket: ChannelSocket, state: AppState) -> None:
-        super().__init__(socket, state)  # type: ignore[arg-type]  # duck-typed: what Connection uses of a socket
+    def __init__(self, socket: ChannelSocket, state: AppState, auth: str) -> None:
+        super().__init__(socket, state, auth)  # type: ignore[arg-type]  # duck-typed: what Connection uses of a socket
         self._opened_at = time.monotonic() + CONNECT_GRACE_S
         self._media: set[asyncio.Task[None]] = set()
 
@@ -166,7 +167,8 @@ async def offer(request: Request, state: AppState, calls: set[asyncio.Task[None]
         return _refuse(400, "invalid_offer", f"not an SDP offer ({{type: offer, sdp}}): {exc.errors()[0]['msg']}")
     servers = [RTCIceServer(**entry) for entry in ice_servers(state.cfg)]
     pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))  # [] when none: no public STUN server
-    conn = WebRtcConnection(ChannelSocket(pc, ReplyTrack(state.settings.output_sample_rate)), state)
+    auth = given_token(request.query_params, request.headers, request.cookies) or ""
+    conn = WebRtcConnection(ChannelSocket(pc, ReplyTrack(state.settings.output_sample_rate)), state, auth)
     socket: ChannelSocket = conn.ws  # type: ignore[assignment]
     socket.track.on_played = conn.played
     pc.on("datachannel", socket.attach)

@@ -28,6 +28,9 @@ from web.state import AppState
 log = logging.getLogger(__name__)
 
 
+HAND_OVER_S = 8.0  # the longest a resuming connection waits for the old one to let its conversation go
+
+
 class _Closed(Exception):
     """The connection is over (client left, fatal error, idle): unwinds the connection's task group."""
 
@@ -106,7 +109,8 @@ async def _safe_close(ws: WebSocket, code: int) -> None:
 class Connection:
     transport = "ws"  # what the session's span calls it (web.otel)
 
-    def __init__(self, ws: WebSocket, state: AppState) -> None:
+    def __init__(self, ws: WebSocket, state: AppState, auth: str | None = None) -> None:
+        """`auth`: the bearer token the client connected with (read off `ws` when not given)."""
         self.ws = ws
         self.state = state
         self.limits = state.cfg.server
@@ -126,6 +130,12 @@ class Connection:
         self._stop = asyncio.Event()
         self._stop_reason: tuple[str, str, int] | None = None  # (error code, message, close code) when told to stop
         self._finished = asyncio.Event()  # run() is over: the client was told and the socket closed
+        if auth is None:
+            auth = given_token(ws.query_params, ws.headers, ws.cookies) or ""
+        self._auth = auth  # what a resume token is bound to
+        self._client_close: int | None = None  # the close code the client sent (1000: it is done; else it dropped)
+        self.resumed = False  # this connection carries on a dropped one's conversation
+        self._handed_over = False  # another connection resumed this one's conversation
 
     def evict(self) -> None:
         """A newer connection needs the room of this one, which has not started a session."""
@@ -156,7 +166,8 @@ class Connection:
             pass
         finally:
             if self.session is not None:
-                await self.state.close_session(self.session)
+                dropped = self._client_close not in (None, P.CLOSE_NORMAL)
+                await self.state.close_session(self.session, resumable=dropped, handed_over=self._handed_over)
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
             self._finished.set()
@@ -167,7 +178,10 @@ class Connection:
         """Returns when the connection should end."""
         while True:
             msg = await self._receive()
-            if msg is None or msg["type"] == "websocket.disconnect":
+            if msg is not None and msg["type"] == "websocket.disconnect":
+                self._client_close = int(msg.get("code") or 1005)
+                return
+            if msg is None:
                 return
             arrival_ns = now_ns()
             data: bytes | None = msg.get("bytes")
@@ -185,7 +199,7 @@ class Connection:
                 if data is not None:
                     self._on_audio(data, arrival_ns)
                 elif text is not None:
-                    self._on_text(text, arrival_ns)
+                    await self._on_text(text, arrival_ns)
                 if self.session is not None:  # only a started session's accepted messages keep it alive
                     self._active_at = time.monotonic()
             except P.ProtocolError as exc:
@@ -231,10 +245,10 @@ class Connection:
             raise InputError("overloaded", "audio is arriving faster than real time; the excess is dropped")
         self.session.push_audio(pcm16_to_float(data), arrival_ns, self.input_rate)  # resampled by the front end
 
-    def _on_text(self, text: str, arrival_ns: int) -> None:
+    async def _on_text(self, text: str, arrival_ns: int) -> None:
         msg = P.parse_text(text)
         if isinstance(msg, P.SessionStart):
-            self._start(msg)
+            await self._start(msg)
             return
         session = self.session
         if session is None:
@@ -250,7 +264,7 @@ class Connection:
             session.update(msg.persona, msg.voice)
             self.outbox.send("session.updated", persona=session.persona_name, voice=session.voice_name)
 
-    def _start(self, msg: P.SessionStart) -> None:
+    async def _start(self, msg: P.SessionStart) -> None:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
@@ -261,6 +275,13 @@ class Connection:
         # there are the server's own) needs none of the server's
         own_aec = msg.echo_cancelled or self.transport == "webrtc"
         settings = replace(st.settings, server_aec=False) if own_aec else st.settings
+        self.resumed = False
+        if msg.resume is not None:
+            try:  # the dropped connection's conversation, carried on: no second greeting
+                self.session_id = await self._take_over(st.resume.take(msg.resume, self._auth, time.monotonic()))
+                settings, self.resumed = replace(settings, greet=False), True
+            except ValueError as exc:
+                self._error("resume_failed", f"{exc}; a new conversation starts")
         session = st.open_session(self.session_id, settings, msg.persona or st.cfg.default_persona, msg.voice,
                                   outbox=self.outbox, on_trace=self._on_trace)  # fmt: skip
         # (raises InputError for an unknown persona or voice: the client may try again)
@@ -271,11 +292,33 @@ class Connection:
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
 
+    async def _take_over(self, conversation_id: str) -> str:
+        """The conversation a token resumes, free for this connection: the one still carrying it (the server may not
+        have seen the old socket die yet: a phone that changed networks) is stopped and waited for."""
+        st = self.state
+        old = next((c for c in list(st.live) if c is not self and c.session is not None and c.session_id == conversation_id), None)
+        if old is not None:
+            old.hand_over()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(old._finished.wait(), timeout=HAND_OVER_S)
+        conversation = st.conversations.get(conversation_id)
+        if conversation is None or conversation.attached:
+            raise ValueError("the conversation could not be taken over")
+        return conversation_id
+
+    def hand_over(self) -> None:
+        """Another connection resumed this one's conversation: stop, keeping it for that one."""
+        self._handed_over = True
+        self._stop_reason = ("resumed_elsewhere", "this conversation was resumed by another connection", P.CLOSE_NORMAL)
+        self._stop.set()
+
     def _ready_fields(self) -> dict[str, Any]:
         assert self.session is not None
         cfg = self.state.cfg
         return {
             "session_id": self.session_id,
+            "resume_token": self.state.resume.issue(self.session_id, self._auth) if self.state.resume.window_s > 0 else None,
+            "resumed": self.resumed,
             "protocol": P.PROTOCOL_VERSION,
             "input_sample_rate": self.input_rate,
             "output_sample_rate": self.state.settings.output_sample_rate,

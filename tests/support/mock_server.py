@@ -223,7 +223,7 @@ def create_app(state: MockState) -> FastAPI:
             state.sessions += 1
             s.persona = start.get("persona") or s.persona
             s.voice = start.get("voice") or _persona(s.persona)["voice"]
-            await s.send({"type": "session.ready", "session_id": f"mock-{id(s):x}", "protocol": 1, "input_sample_rate": IN_RATE,
+            await s.send({"type": "session.ready", "session_id": f"mock-{id(s):x}", "resume_token": None, "resumed": False, "protocol": 1, "input_sample_rate": IN_RATE,
                           "output_sample_rate": OUT_RATE, "persona": s.persona, "voice": s.voice,
                           "personas": PERSONAS, "voices": VOICES})  # fmt: skip
             if state.greeting:

@@ -14,6 +14,7 @@ export class Connection extends EventTarget {
     this.ws = null;
     this.ready = null; // the last session.ready payload while the session is up
     this.wanted = { persona: null, voice: null }; // re-sent in session.start after a reconnect
+    this.resumeToken = null; // the last session.ready's: a reconnect carries the same conversation on (docs/protocol.md)
     this.attempt = 0;
     this.retryTimer = null;
     this.retryAt = null;
@@ -29,6 +30,7 @@ export class Connection extends EventTarget {
 
   stop() {
     this.stopped = true;
+    this.resumeToken = null; // closed on purpose (1000): the server ends the conversation
     clearTimeout(this.retryTimer);
     this.retryTimer = null;
     if (this.ws) this.ws.close(1000, "client stop");
@@ -53,7 +55,7 @@ export class Connection extends EventTarget {
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     this.emit("status", { phase: "connecting", attempt: this.attempt });
-    ws.onopen = () => ws.send(JSON.stringify(sessionStart(this.wanted)));
+    ws.onopen = () => ws.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken)));
     ws.onmessage = (ev) => this.onMessage(ev.data);
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
@@ -103,6 +105,7 @@ export class Connection extends EventTarget {
     if (msg.type === "session.ready") {
       this.ready = msg;
       this.attempt = 0;
+      this.resumeToken = msg.resume_token ?? null;
       this.wanted = { persona: msg.persona ?? this.wanted.persona, voice: msg.voice ?? this.wanted.voice };
     }
     this.emit("message", msg);

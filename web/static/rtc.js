@@ -42,6 +42,7 @@ export class RtcConnection extends EventTarget {
     this.audio = null; // <audio> playing it
     this.ready = null;
     this.wanted = { persona: null, voice: null };
+    this.resumeToken = null;
     this.fallback = null; // the socket Connection, once WebRTC failed
     this.fallbackReason = null;
     this.stopped = true;
@@ -63,6 +64,7 @@ export class RtcConnection extends EventTarget {
 
   stop() {
     this.stopped = true;
+    this.resumeToken = null;
     if (this.fallback) this.fallback.stop();
     this.pc?.close();
   }
@@ -77,7 +79,7 @@ export class RtcConnection extends EventTarget {
     pc.ontrack = (ev) => this.play(ev.streams[0] || new MediaStream([ev.track]));
     const channel = pc.createDataChannel("parley");
     this.channel = channel;
-    channel.onopen = () => channel.send(JSON.stringify(sessionStart(this.wanted)));
+    channel.onopen = () => channel.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken)));
     channel.onmessage = (ev) => this.onMessage(ev.data);
     channel.onclose = () => this.closed();
     pc.onconnectionstatechange = () => {
@@ -163,6 +165,7 @@ export class RtcConnection extends EventTarget {
     }
     if (msg.type === "session.ready") {
       this.ready = msg;
+      this.resumeToken = msg.resume_token ?? null; // a reconnect carries the conversation on
       this.wanted = { persona: msg.persona ?? this.wanted.persona, voice: msg.voice ?? this.wanted.voice };
     }
     this.emit("message", msg);
