@@ -95,6 +95,13 @@ class AudioConfig(_Strict):
     denoise: Literal["none", "rnnoise", "deepfilternet"] = "none"
 
 
+class StorageConfig(_Strict):
+    # where conversations live (parley/conversation_db.py): "default" is SQLite in the user's data directory;
+    # "sqlite:///path", "postgresql+psycopg://user:pass@host/db" (several front ends sharing conversations); "memory":
+    # this process only (a restart loses them)
+    url: str = "default"
+
+
 class Remote(_Strict):
     """A stage behind an OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama, speaches, `parley stages`)."""
 
@@ -340,6 +347,7 @@ class AppConfig(_Strict):
     models: ModelsConfig = ModelsConfig()
     vad: VadConfig = VadConfig()
     audio: AudioConfig = AudioConfig()
+    storage: StorageConfig = StorageConfig()
     asr: AsrConfig = AsrConfig()
     budgets_ms: dict[Literal[TRACE_STAGES], float] = Field(default_factory=dict)  # type: ignore[valid-type]
     server: ServerConfig = ServerConfig()

@@ -12,7 +12,8 @@ apt_pkgs=(libportaudio2 g++)  # g++ builds the compiled CPU decode step (llm_eng
 # The asterisk sound packages are recordings of a real person (and real music on hold) for the tests' and
 # benchmarks' real-speech corpus (bench/real_speech.py).
 [ "$mode" = test ] && apt_pkgs+=(flite espeak-ng sox chromium chromium-driver pulseaudio pulseaudio-utils libasound2-plugins
-                                 asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-moh-opsound-wav)
+                                 asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-moh-opsound-wav
+                                 postgresql)  # a real PostgreSQL server for the conversation store's tests
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

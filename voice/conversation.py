@@ -15,21 +15,41 @@ from typing import Protocol
 from voice.history import Change, History, replay
 
 
+@dataclass(frozen=True)
+class Saved:
+    """A conversation's own state beside its history, as last written."""
+
+    persona: str
+    voice: str | None
+    last_turn: int
+
+
 class ConversationStore(Protocol):
-    """Where conversations' logs live: appended to as the history changes, read back to resume."""
+    """Where conversations live: the history's changes appended as they happen, their own state saved as turns
+    start, both read back to resume. Writes must not block (a database store queues them); reads may."""
 
     def append(self, conversation_id: str, change: Change) -> None: ...
 
     def load(self, conversation_id: str) -> Sequence[Change]: ...
 
+    def save(self, conversation_id: str, state: Saved) -> None: ...
+
+    def saved(self, conversation_id: str) -> Saved | None: ...
+
     def forget(self, conversation_id: str) -> None: ...
+
+    def close(self) -> None:
+        """Writes queued so far are done; nothing is written after."""
+        ...
 
 
 class MemoryStore:
-    """Logs in this process's memory: a conversation outlives its connection, not the server."""
+    """In this process's memory: a conversation outlives its connection, not the server (parley.conversation_db's
+    SqlStore outlives both)."""
 
     def __init__(self) -> None:
         self._logs: dict[str, list[Change]] = {}
+        self._saved: dict[str, Saved] = {}
 
     def append(self, conversation_id: str, change: Change) -> None:
         self._logs.setdefault(conversation_id, []).append(change)
@@ -37,8 +57,18 @@ class MemoryStore:
     def load(self, conversation_id: str) -> Sequence[Change]:
         return tuple(self._logs.get(conversation_id, ()))
 
+    def save(self, conversation_id: str, state: Saved) -> None:
+        self._saved[conversation_id] = state
+
+    def saved(self, conversation_id: str) -> Saved | None:
+        return self._saved.get(conversation_id)
+
     def forget(self, conversation_id: str) -> None:
         self._logs.pop(conversation_id, None)
+        self._saved.pop(conversation_id, None)
+
+    def close(self) -> None:
+        pass
 
 
 class AlreadyAttached(Exception):
@@ -52,17 +82,30 @@ class Conversation:
     persona: str  # the persona's name
     voice: str | None = None  # a voice that overrides the persona's
     last_turn: int = 0  # the newest turn id handed out: the next connection goes on from it
+    store: ConversationStore | None = None  # where its state is saved as turns start (its history logs there itself)
     attached: bool = field(default=False, init=False)
 
     @classmethod
     def open(
         cls, conversation_id: str, store: ConversationStore, *, persona: str, voice: str | None = None,
-        max_chars: int, max_messages: int,
+        max_chars: int, max_messages: int, resume: bool = False,
     ) -> Conversation:  # fmt: skip
-        """A conversation with what `store` holds of it (nothing, for a new one), its changes logged there."""
-        messages = replay(store.load(conversation_id))
+        """A conversation logged to `store`: new (nothing read), or with `resume` what the store holds of it (its
+        history, persona, voice and turn counter; a read that may wait on the store)."""
+        messages, last_turn = [], 0
+        if resume:
+            messages = replay(store.load(conversation_id))
+            saved = store.saved(conversation_id)
+            if saved is not None:
+                persona, voice, last_turn = saved.persona, saved.voice, saved.last_turn
         memory = History(max_chars, max_messages, messages=messages, sink=lambda c: store.append(conversation_id, c))
-        return cls(conversation_id, memory, persona, voice)
+        return cls(conversation_id, memory, persona, voice, last_turn, store)
+
+    def turned(self, turn_id: int, persona: str, voice: str | None) -> None:
+        """A turn starts: its id and who speaks are saved (a store queues the write), so a restart goes on from here."""
+        self.last_turn = max(self.last_turn, turn_id)
+        if self.store is not None:
+            self.store.save(self.id, Saved(persona, voice, self.last_turn))
 
     def attach(self) -> None:
         """A connection carries it from now on: one at a time."""
@@ -74,6 +117,8 @@ class Conversation:
         """The connection that carried it is gone; what it changed of the conversation's own state stays."""
         self.persona, self.voice, self.last_turn = persona, voice, max(self.last_turn, last_turn)
         self.attached = False
+        if self.store is not None:
+            self.store.save(self.id, Saved(persona, voice, self.last_turn))
 
 
 class Conversations:
@@ -89,12 +134,16 @@ class Conversations:
     def get(self, conversation_id: str) -> Conversation | None:
         return self._open.get(conversation_id)
 
-    def open(self, conversation_id: str, *, persona: str, voice: str | None, max_chars: int, max_messages: int) -> Conversation:
-        """The conversation of that id: the open one, else one resumed from the store (new when it holds nothing)."""
+    def open(
+        self, conversation_id: str, *, persona: str, voice: str | None, max_chars: int, max_messages: int,
+        resume: bool = False,
+    ) -> Conversation:  # fmt: skip
+        """The conversation of that id: the open one, else a new one (with `resume`: read back from the store, a
+        read that may wait: off the event loop)."""
         conversation = self._open.get(conversation_id)
         if conversation is None:
             conversation = Conversation.open(conversation_id, self.store, persona=persona, voice=voice,
-                                             max_chars=max_chars, max_messages=max_messages)  # fmt: skip
+                                             max_chars=max_chars, max_messages=max_messages, resume=resume)  # fmt: skip
             self._open[conversation_id] = conversation
         return conversation
 

@@ -314,6 +314,7 @@ class Session:
             self.shell.ended = None
 
     def new_trace(self, turn_id: int, kind: str) -> TurnTrace:
+        self.conversation.turned(turn_id, self.persona_name, self.voice_override)  # saved: a restart goes on from it
         trace = TurnTrace(turn_id, self.session_id, dict(self.settings.budgets_ms))
         trace.info.update(input=kind, persona=self.persona_name, voice=self.voice_name)
         if kind == "voice" and (denoise := self.listener.frontend.stage_delay_ms("denoise")) is not None:

@@ -21,6 +21,8 @@ from voice.stages import SessionSettings, Stages
 from parley import heap
 from parley import runtime as rt
 from parley.config import AppConfig
+from parley.conversation_db import SqlStore, open_store
+from voice.conversation import Conversations
 from parley.tool_offer import NOT_LOADED, llm_tool_support
 from web.guard import Guard
 from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
@@ -63,8 +65,11 @@ def create_app(
 ) -> FastAPI:
     """`runtime`: stages already loaded (serve() loads before binding); else `load(cfg)` (default: the real
     models, warmed) runs in the lifespan, off the event loop."""
+    store = open_store(cfg.storage.url)
     state = AppState(
         cfg=cfg,
+        conversations=Conversations(store),
+        token_store=store if isinstance(store, SqlStore) else None,
         metrics=Metrics(cfg.server.trace_log),
         settings=settings or rt.session_settings(cfg),
         personas=rt.personas(cfg, llm_tool_support(runtime.stages.llm) if runtime is not None else NOT_LOADED),
@@ -86,6 +91,7 @@ def create_app(
             for session in list(state.sessions.values()):
                 await session.close()
             state.runtime.close()
+            await asyncio.to_thread(store.close)  # the conversations' last writes
             await asyncio.to_thread(state.telemetry.shutdown)  # sends what is queued, within one export timeout
 
     app = FastAPI(title="Parley", lifespan=lifespan)

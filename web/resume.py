@@ -4,13 +4,27 @@ Each started session gets a fresh token (`session.ready`'s `resume_token`); the 
 working then, so a token is good for one reconnect. A connection that drops (the client did not close it with 1000)
 leaves its conversation held for `window_s`; a session.start with the token within that time (or before the server
 has seen the drop at all), and with the same auth token as the one it was issued to, gets the conversation back.
-Pure: the caller passes the time.
+Pure but for a log of its tokens (a database, so a restarted server resumes them); the caller passes the time, wall
+clock time (it must mean the same after a restart).
 """
 from __future__ import annotations
 
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class UnknownToken(ValueError):
+    """Not a token this process knows (used, or issued before a restart: the database may know it)."""
+
+
+class TokenLog(Protocol):
+    """Where tokens outlive the process (parley.conversation_db.SqlStore): writes queued, never blocking."""
+
+    def save_token(self, token: str, conversation_id: str, auth: str, deadline_s: float | None) -> None: ...
+
+    def hold_token(self, conversation_id: str, deadline_s: float) -> None: ...
 
 
 @dataclass
@@ -21,8 +35,9 @@ class _Held:
 
 
 class ResumeTokens:
-    def __init__(self, window_s: float, max_held: int = 256) -> None:
+    def __init__(self, window_s: float, max_held: int = 256, log: TokenLog | None = None) -> None:
         self.window_s = window_s
+        self.log = log
         self.max_held = max_held  # conversations held for a reconnect at most: past it the oldest end (memory)
         self._by_token: dict[str, _Held] = {}
         self._token_of: dict[str, str] = {}  # conversation id -> its current token
@@ -33,6 +48,8 @@ class ResumeTokens:
         token = secrets.token_urlsafe(24)
         self._by_token[token] = _Held(conversation_id, auth)
         self._token_of[conversation_id] = token
+        if self.log is not None:
+            self.log.save_token(token, conversation_id, auth, None)
         return token
 
     def hold(self, conversation_id: str, now_s: float) -> list[str]:
@@ -41,6 +58,8 @@ class ResumeTokens:
         token = self._token_of.get(conversation_id)
         if token is not None:
             self._by_token[token].deadline_s = now_s + self.window_s
+            if self.log is not None:
+                self.log.hold_token(conversation_id, now_s + self.window_s)
         held = sorted((h.deadline_s, h.conversation_id) for h in self._by_token.values() if h.deadline_s is not None)
         gone = [conversation_id for _, conversation_id in held[: max(0, len(held) - self.max_held)]]
         for conversation_id in gone:
@@ -52,7 +71,7 @@ class ResumeTokens:
         ValueError saying why not (unknown, used, expired, another user's)."""
         held = self._by_token.get(token)
         if held is None:
-            raise ValueError("unknown or already used resume token")
+            raise UnknownToken("unknown or already used resume token")
         if not hmac.compare_digest(held.auth, auth):
             raise ValueError("the resume token was issued to another client")
         if held.deadline_s is not None and now_s > held.deadline_s:

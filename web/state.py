@@ -3,12 +3,14 @@ that carry them, and whether it takes another session. Shared by the routes (web
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from parley import runtime as rt
+from parley.conversation_db import SqlStore, digest
 from parley.config import AppConfig
 from parley.thread_budget import available_cores
 from voice.conversation import Conversations
@@ -20,7 +22,7 @@ from web.admission import Admission
 from web.capacity import CostModel, LoadMeter, Refusal
 from web.metrics import Metrics
 from web.otel.export import Telemetry
-from web.resume import ResumeTokens
+from web.resume import ResumeTokens, UnknownToken
 
 
 @dataclass
@@ -38,11 +40,37 @@ class AppState:
     engine_meter: LoadMeter = field(default_factory=LoadMeter)  # each session's share of the engine's wall time
     telemetry: Telemetry = field(default_factory=Telemetry.off)  # OpenTelemetry export (web.otel), off by default
     conversations: Conversations = field(default_factory=Conversations)  # each outlives the connection that carries it
+    token_store: SqlStore | None = None  # where resume tokens outlive the process (the conversations' database)
     resume: ResumeTokens = field(init=False)  # tokens that carry a dropped connection's conversation on (web.resume)
     _expiring: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.resume = ResumeTokens(self.cfg.server.resume_window_s, max_held=4 * self.cfg.server.max_sessions)
+        window = self.cfg.server.resume_window_s
+        self.resume = ResumeTokens(window, max_held=4 * self.cfg.server.max_sessions, log=self.token_store)
+        if self.token_store is not None:  # a restart is the drop of every connection the last process had
+            self.token_store.hold_orphans(time.time() + window)
+
+    async def take_resume(self, token: str, auth: str) -> str:
+        """The conversation `token` resumes: one held here, or (after a restart) one the database holds, read back
+        off the event loop. ValueError saying why not."""
+        now = time.time()
+        try:
+            return self.resume.take(token, auth, now)
+        except UnknownToken:
+            if self.token_store is None:
+                raise
+            saved = await asyncio.to_thread(self.token_store.find_token, token)
+            if saved is None:
+                raise
+        if not hmac.compare_digest(saved.auth_hash, digest(auth)):
+            raise ValueError("the resume token was issued to another client")
+        if saved.deadline_s is None or now > saved.deadline_s:
+            raise ValueError("the resume token expired")
+        if self.conversations.get(saved.conversation_id) is None:
+            s = self.settings
+            await asyncio.to_thread(self.conversations.open, saved.conversation_id, persona=self.cfg.default_persona,
+                                    voice=None, max_chars=s.history_chars, max_messages=s.history_messages, resume=True)  # fmt: skip
+        return saved.conversation_id
 
     @property
     def stages(self) -> Stages:
@@ -89,7 +117,7 @@ class AppState:
         if handed_over:
             pass
         elif keep:
-            for old in self.resume.hold(conversation_id, time.monotonic()):
+            for old in self.resume.hold(conversation_id, time.time()):
                 await self._end_held(old)
             task = asyncio.get_running_loop().create_task(self._expire_after(self.resume.window_s))
             self._expiring.add(task)
@@ -102,7 +130,7 @@ class AppState:
     async def _expire_after(self, delay_s: float) -> None:
         """Conversations whose reconnect window has passed end: their engine slots are freed."""
         await asyncio.sleep(delay_s + 0.05)
-        for conversation_id in self.resume.expired(time.monotonic()):
+        for conversation_id in self.resume.expired(time.time()):
             await self._end_held(conversation_id)
 
     async def _end_held(self, conversation_id: str) -> None:

@@ -166,7 +166,8 @@ class Connection:
             pass
         finally:
             if self.session is not None:
-                dropped = self._client_close not in (None, P.CLOSE_NORMAL)
+                # dropped, or the server is restarting: the client may carry the conversation on
+                dropped = self._client_close not in (None, P.CLOSE_NORMAL) or (self._stop_reason or ("",))[0] == "server_shutdown"
                 await self.state.close_session(self.session, resumable=dropped, handed_over=self._handed_over)
             self.state.metrics.session_closed()
             await _safe_close(self.ws, self.close_code)
@@ -278,7 +279,7 @@ class Connection:
         self.resumed = False
         if msg.resume is not None:
             try:  # the dropped connection's conversation, carried on: no second greeting
-                self.session_id = await self._take_over(st.resume.take(msg.resume, self._auth, time.monotonic()))
+                self.session_id = await self._take_over(await st.take_resume(msg.resume, self._auth))
                 settings, self.resumed = replace(settings, greet=False), True
             except ValueError as exc:
                 self._error("resume_failed", f"{exc}; a new conversation starts")

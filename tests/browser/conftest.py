@@ -81,7 +81,7 @@ def server(tmp_path_factory) -> Iterator[ParleyProcess]:
     tmp = tmp_path_factory.mktemp("server")
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
-    sets = (f"server.trace_log={tmp / 'traces.jsonl'}", f"server.allowed_origins={json.dumps([origin])}")
+    sets = (f"server.trace_log={tmp / 'traces.jsonl'}", f"storage.url=sqlite:///{tmp / 'conversations.db'}", f"server.allowed_origins={json.dumps([origin])}")
     srv = ParleyProcess(tmp / "server.log", sets=sets, port=port)
     srv.start()
     yield srv

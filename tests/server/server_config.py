@@ -38,6 +38,7 @@ def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
                            "idle_timeout_s": 30, "admit_max_wait_ms": 0, "admit_v2v_ratio": 0, **server})  # fmt: skip
     data["vad"].update(vad or {})
+    data["storage"] = {"url": f"sqlite:///{root / 'conversations.db'}"}
     data["models"]["llm"]["source"] = "embedded-135m"
     _merge(data, more or {})
     (dst / "default.yaml").write_text(yaml.safe_dump(data))

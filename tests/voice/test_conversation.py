@@ -51,8 +51,10 @@ def test_a_conversation_resumes_from_its_store_and_an_ended_one_is_gone() -> Non
     conv = old.open("c3", persona="assistant", voice="kal", max_chars=10_000, max_messages=100)
     conv.memory.add_user("hello")
     conv.memory.add("assistant", "Hi.")
-    again = Conversations(store).open("c3", persona="other", voice=None, max_chars=10_000, max_messages=100)
+    conv.turned(4, "assistant", "kal")
+    again = Conversations(store).open("c3", persona="other", voice=None, max_chars=10_000, max_messages=100, resume=True)
     assert again.memory.messages == (("user", "hello"), ("assistant", "Hi."))
+    assert (again.persona, again.voice, again.last_turn) == ("assistant", "kal", 4)  # as saved, not as asked
     old.end("c3")
     assert old.get("c3") is None and store.load("c3") == ()
 

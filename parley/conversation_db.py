@@ -1,0 +1,227 @@
+"""Conversations in a real database (storage.url): SQLite by default, PostgreSQL where several front ends share them,
+through SQLAlchemy Core. A voice.conversation.ConversationStore: each history change appended as a row, each
+conversation's persona, voice and turn counter, and its resume token (hashed), so a restarted server resumes it.
+
+Writes never block a turn: they go to a queue that one writer thread drains in batches (a transaction each); a database
+that is down or full is logged and the batch dropped, never raised into a reply. Reads (resuming a conversation) wait
+for the writes before them.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from voice.conversation import ConversationStore, MemoryStore, Saved
+from voice.history import Added, Change, Removed, Replaced
+
+log = logging.getLogger(__name__)
+BATCH = 256  # writes a transaction takes at most
+
+
+@dataclass(frozen=True)
+class SavedToken:
+    conversation_id: str
+    auth_hash: str
+    deadline_s: float | None  # wall-clock time (it must outlive the process); None: its connection was up
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class SqlStore:
+    def __init__(self, url: str) -> None:
+        import sqlalchemy as sa  # lazy: only a server that stores conversations loads it
+
+        self.url = url
+        self._sa = sa
+        self.engine = sa.create_engine(url, pool_pre_ping=True)
+        meta = sa.MetaData()
+        self.conversations = sa.Table(
+            "conversations", meta,
+            sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("persona", sa.String(100), nullable=False),
+            sa.Column("voice", sa.String(100)),
+            sa.Column("last_turn", sa.Integer, nullable=False, default=0),
+            sa.Column("updated_s", sa.Float, nullable=False),
+        )  # fmt: skip
+        self.changes = sa.Table(
+            "changes", meta,
+            sa.Column("conversation_id", sa.String(64), primary_key=True),
+            sa.Column("seq", sa.Integer, primary_key=True),
+            sa.Column("kind", sa.String(8), nullable=False),  # add | replace | remove
+            sa.Column("role", sa.String(16)),
+            sa.Column("content", sa.Text),
+            sa.Column("a", sa.Integer),  # replace: the index; remove: start
+            sa.Column("b", sa.Integer),  # remove: stop
+        )  # fmt: skip
+        self.tokens = sa.Table(
+            "resume_tokens", meta,
+            sa.Column("token_hash", sa.String(64), primary_key=True),
+            sa.Column("conversation_id", sa.String(64), nullable=False, index=True),
+            sa.Column("auth_hash", sa.String(64), nullable=False),
+            sa.Column("deadline_s", sa.Float),
+        )  # fmt: skip
+        meta.create_all(self.engine)
+        self._seq: dict[str, int] = {}  # conversation -> its next change's number (known once loaded or written)
+        self._writes: queue.Queue[Callable[[Any], None] | None] = queue.Queue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._writer = threading.Thread(target=self._write_loop, name="parley-db-writer", daemon=True)
+        self._writer.start()
+
+    # -- ConversationStore --------------------------------------------------------------------------------
+
+    def append(self, conversation_id: str, change: Change) -> None:
+        seq = self._seq.get(conversation_id, 0)  # a new conversation has no rows; a resumed one was loaded first
+        self._seq[conversation_id] = seq + 1
+        row = {"conversation_id": conversation_id, "seq": seq, **_columns(change)}
+        self._put(lambda c: c.execute(self.changes.insert(), row))
+
+    def load(self, conversation_id: str) -> Sequence[Change]:
+        self.flush()
+        sa = self._sa
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(self.changes).where(self.changes.c.conversation_id == conversation_id)
+                             .order_by(self.changes.c.seq)).all()  # fmt: skip
+        self._seq[conversation_id] = (rows[-1].seq + 1) if rows else 0
+        return tuple(_change(r) for r in rows)
+
+    def forget(self, conversation_id: str) -> None:
+        self._seq.pop(conversation_id, None)
+        sa = self._sa
+
+        def delete(c: Any) -> None:
+            for table in (self.changes, self.tokens):
+                c.execute(sa.delete(table).where(table.c.conversation_id == conversation_id))
+            c.execute(sa.delete(self.conversations).where(self.conversations.c.id == conversation_id))
+
+        self._put(delete)
+
+    # -- its own state and its token ---------------------------------------------------------------------------
+
+    def save(self, conversation_id: str, state: Saved) -> None:
+        values = {"persona": state.persona, "voice": state.voice, "last_turn": state.last_turn, "updated_s": time.time()}
+
+        def upsert(c: Any) -> None:
+            t = self.conversations
+            if c.execute(self._sa.update(t).where(t.c.id == conversation_id).values(**values)).rowcount == 0:
+                c.execute(t.insert().values(id=conversation_id, **values))
+
+        self._put(upsert)
+
+    def saved(self, conversation_id: str) -> Saved | None:
+        self.flush()
+        t = self.conversations
+        with self.engine.connect() as c:
+            row = c.execute(self._sa.select(t).where(t.c.id == conversation_id)).first()
+        return None if row is None else Saved(row.persona, row.voice, row.last_turn)
+
+    def save_token(self, token: str, conversation_id: str, auth: str, deadline_s: float | None) -> None:
+        t, sa = self.tokens, self._sa
+
+        def replace(c: Any) -> None:
+            c.execute(sa.delete(t).where(t.c.conversation_id == conversation_id))
+            c.execute(t.insert().values(token_hash=digest(token), conversation_id=conversation_id, auth_hash=digest(auth),
+                                        deadline_s=deadline_s))  # fmt: skip
+
+        self._put(replace)
+
+    def hold_token(self, conversation_id: str, deadline_s: float) -> None:
+        t = self.tokens
+        self._put(lambda c: c.execute(self._sa.update(t).where(t.c.conversation_id == conversation_id).values(deadline_s=deadline_s)))
+
+    def hold_orphans(self, deadline_s: float) -> None:
+        """At start: tokens whose connection was up when the last process ended (a crash, a kill) count as dropped
+        now."""
+        t = self.tokens
+        self._put(lambda c: c.execute(self._sa.update(t).where(t.c.deadline_s.is_(None)).values(deadline_s=deadline_s)))
+
+    def find_token(self, token: str) -> SavedToken | None:
+        self.flush()
+        t = self.tokens
+        with self.engine.connect() as c:
+            row = c.execute(self._sa.select(t).where(t.c.token_hash == digest(token))).first()
+        return None if row is None else SavedToken(row.conversation_id, row.auth_hash, row.deadline_s)
+
+    # -- the writer ----------------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every write queued so far is done (or given up). -> whether it drained in time."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.flush()
+        self._writes.put(None)
+        self._writer.join(timeout=10)
+        self.engine.dispose()
+
+    def _put(self, write: Callable[[Any], None]) -> None:
+        with self._idle:
+            self._pending += 1
+        self._writes.put(write)
+
+    def _write_loop(self) -> None:
+        while (first := self._writes.get()) is not None:
+            batch = [first]
+            while len(batch) < BATCH:
+                try:
+                    nxt = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._writes.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                with self.engine.begin() as c:
+                    for write in batch:
+                        write(c)
+            except Exception as exc:  # a database that is down, full or locked: logged, never a lost reply
+                log.error("conversation store %s: %d writes dropped: %r", self.engine.url.render_as_string(), len(batch), exc)
+            with self._idle:
+                self._pending -= len(batch)
+                self._idle.notify_all()
+
+
+def _columns(change: Change) -> dict[str, Any]:
+    if isinstance(change, Added):
+        return {"kind": "add", "role": change.role, "content": change.content, "a": None, "b": None}
+    if isinstance(change, Replaced):
+        return {"kind": "replace", "role": None, "content": change.content, "a": change.index, "b": None}
+    return {"kind": "remove", "role": None, "content": None, "a": change.start, "b": change.stop}
+
+
+def _change(row: Any) -> Change:
+    if row.kind == "add":
+        return Added(row.role, row.content)
+    if row.kind == "replace":
+        return Replaced(row.a, row.content)
+    return Removed(row.a, row.b)
+
+
+def open_store(url: str) -> ConversationStore:
+    """storage.url -> its store: "memory", "default" (SQLite in the user's data directory) or a SQLAlchemy URL."""
+    if url == "memory":
+        return MemoryStore()
+    if url == "default":
+        from pathlib import Path
+
+        from platformdirs import user_data_dir
+
+        folder = Path(user_data_dir("parley"))
+        folder.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{folder / 'conversations.db'}"
+    try:
+        return SqlStore(url)
+    except Exception as exc:  # a wrong URL, a missing driver, a database that is down: one clear error at start
+        from parley.config import ConfigError
+
+        raise ConfigError(f"storage.url {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}") from None
