@@ -269,9 +269,6 @@ class Connection:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
-        if (full := st.refusal_detail()) is not None:
-            raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
-                                  extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
         # a client with its own echo canceller (and every WebRTC peer: a browser's media stack has one, and the marks
         # there are the server's own) needs none of the server's
         own_aec = msg.echo_cancelled or self.transport == "webrtc"
@@ -283,6 +280,11 @@ class Connection:
                 settings, self.resumed = replace(settings, greet=False), True
             except ValueError as exc:
                 self._error("resume_failed", f"{exc}; a new conversation starts")
+        # admission prices new conversations: a resumed one was admitted already (its slot held, its load counted
+        # while the server had not yet seen the old socket die)
+        if not self.resumed and (full := st.refusal_detail()) is not None:
+            raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
+                                  extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
         session = st.open_session(self.session_id, settings, msg.persona or st.cfg.default_persona, msg.voice,
                                   outbox=self.outbox, on_trace=self._on_trace)  # fmt: skip
         # (raises InputError for an unknown persona or voice: the client may try again)
