@@ -2,23 +2,27 @@
 through SQLAlchemy Core. A voice.conversation.ConversationStore: each history change appended as a row, each
 conversation's persona, voice and turn counter, and its resume token (hashed), so a restarted server resumes it.
 
-Writes never block a turn: they go to a queue that one writer thread drains in batches (a transaction each); a database
-that is down or full is logged and the batch dropped, never raised into a reply. Reads (resuming a conversation) wait
-for the writes before them.
+A conversation that ends keeps its transcript (`listing`, `transcript`: GET /api/conversations) until the user
+forgets it (DELETE). Writes never block a turn: they go to a queue that one writer thread drains in batches (a
+transaction each); a database that is down or full is logged and the batch dropped, never raised into a reply. Reads
+(resuming, listing) wait for the writes before them. The tables are made at first use, so a server starts while its
+database is still coming up.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
+import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from voice.conversation import ConversationStore, MemoryStore, Saved
-from voice.history import Added, Change, Removed, Replaced
+from voice.conversation import ConversationStore, Listed, MemoryStore, Saved, listed
+from voice.history import Added, Change, Message, Removed, Replaced, transcript
 
 log = logging.getLogger(__name__)
 BATCH = 256  # writes a transaction takes at most
@@ -39,9 +43,9 @@ class SqlStore:
     def __init__(self, url: str) -> None:
         import sqlalchemy as sa  # lazy: only a server that stores conversations loads it
 
-        self.url = url
         self._sa = sa
         self.engine = sa.create_engine(url, pool_pre_ping=True)
+        self.shown_url = self.engine.url.render_as_string(hide_password=True)
         meta = sa.MetaData()
         self.conversations = sa.Table(
             "conversations", meta,
@@ -49,7 +53,9 @@ class SqlStore:
             sa.Column("persona", sa.String(100), nullable=False),
             sa.Column("voice", sa.String(100)),
             sa.Column("last_turn", sa.Integer, nullable=False, default=0),
-            sa.Column("updated_s", sa.Float, nullable=False),
+            sa.Column("started_s", sa.Float, nullable=False),
+            sa.Column("updated_s", sa.Float, nullable=False, index=True),
+            sa.Column("ended_s", sa.Float),  # null while open (carried, or held for a reconnect)
         )  # fmt: skip
         self.changes = sa.Table(
             "changes", meta,
@@ -68,7 +74,9 @@ class SqlStore:
             sa.Column("auth_hash", sa.String(64), nullable=False),
             sa.Column("deadline_s", sa.Float),
         )  # fmt: skip
-        meta.create_all(self.engine)
+        self._meta = meta
+        self._schema_ready = False  # the tables are made at first use (not here: a server starts with its database down)
+        self._schema_lock = threading.Lock()
         self._seq: dict[str, int] = {}  # conversation -> its next change's number (known once loaded or written)
         self._writes: queue.Queue[Callable[[Any], None] | None] = queue.Queue()
         self._idle = threading.Condition()
@@ -85,12 +93,39 @@ class SqlStore:
         self._put(lambda c: c.execute(self.changes.insert(), row))
 
     def load(self, conversation_id: str) -> Sequence[Change]:
-        self.flush()
-        sa = self._sa
-        with self.engine.connect() as c:
-            rows = c.execute(sa.select(self.changes).where(self.changes.c.conversation_id == conversation_id)
-                             .order_by(self.changes.c.seq)).all()  # fmt: skip
-        self._seq[conversation_id] = (rows[-1].seq + 1) if rows else 0
+        ch = self.changes
+        with self._reading() as c:
+            changes = self._changes(c, conversation_id)
+            last = c.execute(self._sa.select(self._sa.func.max(ch.c.seq)).where(ch.c.conversation_id == conversation_id)).scalar()
+        self._seq[conversation_id] = 0 if last is None else last + 1  # after the last row (a dropped write leaves a gap)
+        return changes
+
+    def end(self, conversation_id: str) -> None:
+        t, sa, now = self.conversations, self._sa, time.time()
+
+        def ended(c: Any) -> None:
+            c.execute(sa.update(t).where(t.c.id == conversation_id).values(ended_s=now, updated_s=now))
+            c.execute(sa.delete(self.tokens).where(self.tokens.c.conversation_id == conversation_id))
+
+        self._put(ended)
+
+    def listing(self, limit: int) -> Sequence[Listed]:
+        t = self.conversations
+        with self._reading() as c:
+            rows = c.execute(self._sa.select(t).order_by(t.c.updated_s.desc()).limit(limit)).all()
+            return [listed(r.id, Saved(r.persona, r.voice, r.last_turn), transcript(self._changes(c, r.id)),
+                            started_s=r.started_s, updated_s=r.updated_s, ended_s=r.ended_s) for r in rows]  # fmt: skip
+
+    def transcript(self, conversation_id: str) -> Sequence[Message] | None:
+        t = self.conversations
+        with self._reading() as c:
+            if c.execute(self._sa.select(t.c.id).where(t.c.id == conversation_id)).first() is None:
+                return None
+            return transcript(self._changes(c, conversation_id))
+
+    def _changes(self, c: Any, conversation_id: str) -> tuple[Change, ...]:
+        ch = self.changes
+        rows = c.execute(self._sa.select(ch).where(ch.c.conversation_id == conversation_id).order_by(ch.c.seq)).all()
         return tuple(_change(r) for r in rows)
 
     def forget(self, conversation_id: str) -> None:
@@ -107,19 +142,19 @@ class SqlStore:
     # -- its own state and its token ---------------------------------------------------------------------------
 
     def save(self, conversation_id: str, state: Saved) -> None:
-        values = {"persona": state.persona, "voice": state.voice, "last_turn": state.last_turn, "updated_s": time.time()}
+        now = time.time()
+        values = {"persona": state.persona, "voice": state.voice, "last_turn": state.last_turn, "updated_s": now}
 
         def upsert(c: Any) -> None:
             t = self.conversations
             if c.execute(self._sa.update(t).where(t.c.id == conversation_id).values(**values)).rowcount == 0:
-                c.execute(t.insert().values(id=conversation_id, **values))
+                c.execute(t.insert().values(id=conversation_id, started_s=now, **values))
 
         self._put(upsert)
 
     def saved(self, conversation_id: str) -> Saved | None:
-        self.flush()
         t = self.conversations
-        with self.engine.connect() as c:
+        with self._reading() as c:
             row = c.execute(self._sa.select(t).where(t.c.id == conversation_id)).first()
         return None if row is None else Saved(row.persona, row.voice, row.last_turn)
 
@@ -144,13 +179,27 @@ class SqlStore:
         self._put(lambda c: c.execute(self._sa.update(t).where(t.c.deadline_s.is_(None)).values(deadline_s=deadline_s)))
 
     def find_token(self, token: str) -> SavedToken | None:
-        self.flush()
         t = self.tokens
-        with self.engine.connect() as c:
+        with self._reading() as c:
             row = c.execute(self._sa.select(t).where(t.c.token_hash == digest(token))).first()
         return None if row is None else SavedToken(row.conversation_id, row.auth_hash, row.deadline_s)
 
-    # -- the writer ----------------------------------------------------------------------------------------
+    # -- the database ----------------------------------------------------------------------------------------
+
+    def ready(self) -> None:
+        """The tables exist (made now if not): raises what the database says when it cannot be reached."""
+        with self._schema_lock:
+            if not self._schema_ready:
+                self._meta.create_all(self.engine)
+                self._schema_ready = True
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """A connection that sees every write queued before it."""
+        self.flush()
+        self.ready()
+        with self.engine.connect() as c:
+            yield c
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every write queued so far is done (or given up). -> whether it drained in time."""
@@ -181,11 +230,12 @@ class SqlStore:
                     break
                 batch.append(nxt)
             try:
+                self.ready()
                 with self.engine.begin() as c:
                     for write in batch:
                         write(c)
             except Exception as exc:  # a database that is down, full or locked: logged, never a lost reply
-                log.error("conversation store %s: %d writes dropped: %r", self.engine.url.render_as_string(), len(batch), exc)
+                log.error("conversation store %s: %d writes dropped: %r", self.shown_url, len(batch), exc)
             with self._idle:
                 self._pending -= len(batch)
                 self._idle.notify_all()
@@ -221,7 +271,8 @@ def open_store(url: str) -> ConversationStore:
         url = f"sqlite:///{folder / 'conversations.db'}"
     try:
         return SqlStore(url)
-    except Exception as exc:  # a wrong URL, a missing driver, a database that is down: one clear error at start
+    except Exception as exc:  # a wrong URL, a missing driver: one clear error at start (no password in it)
         from parley.config import ConfigError
 
-        raise ConfigError(f"storage.url {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}") from None
+        shown = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", url)
+        raise ConfigError(f"storage.url {shown!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}") from None

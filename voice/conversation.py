@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voice.history import Change, History, replay
+from voice.history import Change, History, Message, replay, transcript
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,20 @@ class Saved:
     persona: str
     voice: str | None
     last_turn: int
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One conversation as a list of them shows it (times wall-clock seconds; None where the store keeps no clock)."""
+
+    id: str
+    persona: str
+    last_turn: int
+    messages: int  # said in all, trimmed ones included
+    first_words: str  # the user's first message, shortened
+    started_s: float | None = None
+    updated_s: float | None = None
+    ended_s: float | None = None  # None: open (carried by a connection, or held for a reconnect)
 
 
 class ConversationStore(Protocol):
@@ -36,7 +50,21 @@ class ConversationStore(Protocol):
 
     def saved(self, conversation_id: str) -> Saved | None: ...
 
-    def forget(self, conversation_id: str) -> None: ...
+    def end(self, conversation_id: str) -> None:
+        """It is over (no reconnect can carry it on): a store that keeps transcripts keeps its own."""
+        ...
+
+    def forget(self, conversation_id: str) -> None:
+        """All of it goes (the user asked)."""
+        ...
+
+    def listing(self, limit: int) -> Sequence[Listed]:
+        """The newest `limit` conversations it keeps, newest first (a read that may wait)."""
+        ...
+
+    def transcript(self, conversation_id: str) -> Sequence[Message] | None:
+        """Everything said in it, trimmed messages included; None when it keeps no such conversation."""
+        ...
 
     def close(self) -> None:
         """Writes queued so far are done; nothing is written after."""
@@ -63,9 +91,21 @@ class MemoryStore:
     def saved(self, conversation_id: str) -> Saved | None:
         return self._saved.get(conversation_id)
 
+    def end(self, conversation_id: str) -> None:
+        self.forget(conversation_id)  # memory keeps no transcripts: a server's own memory is not an archive
+
     def forget(self, conversation_id: str) -> None:
         self._logs.pop(conversation_id, None)
         self._saved.pop(conversation_id, None)
+
+    def listing(self, limit: int) -> Sequence[Listed]:
+        ids = list(dict.fromkeys([*self._logs, *self._saved]))[::-1][:limit]
+        return [listed(i, self._saved.get(i), transcript(self._logs.get(i, ()))) for i in ids]
+
+    def transcript(self, conversation_id: str) -> Sequence[Message] | None:
+        if conversation_id not in self._logs and conversation_id not in self._saved:
+            return None
+        return transcript(self._logs.get(conversation_id, ()))
 
     def close(self) -> None:
         pass
@@ -148,6 +188,19 @@ class Conversations:
         return conversation
 
     def end(self, conversation_id: str) -> None:
-        """It is over: gone from here and from the store."""
+        """It is over: gone from here; the store keeps its transcript if it keeps any."""
+        self._open.pop(conversation_id, None)
+        self.store.end(conversation_id)
+
+    def forget(self, conversation_id: str) -> None:
+        """The user asked: gone from here and from the store, transcript and all."""
         self._open.pop(conversation_id, None)
         self.store.forget(conversation_id)
+
+
+def listed(conversation_id: str, saved: Saved | None, said: Sequence[Message], **times: float | None) -> Listed:
+    """A conversation's line in a listing, from its saved state and its transcript."""
+    first = next((text for role, text in said if role == "user"), "")
+    words = first if len(first) <= 80 else first[:79].rsplit(" ", 1)[0] + "…"
+    persona, last_turn = (saved.persona, saved.last_turn) if saved is not None else ("", 0)
+    return Listed(conversation_id, persona, last_turn, len(said), words, **times)

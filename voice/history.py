@@ -53,6 +53,23 @@ def replay(changes: Iterable[Change]) -> list[Message]:
     return messages
 
 
+def transcript(changes: Iterable[Change]) -> list[Message]:
+    """Everything a log of changes said, in order: what `replay` leaves, and what trims and joined requests took out
+    of the prompt since (a correction applies to the message it corrected)."""
+    said: list[Message] = []
+    live: list[int] = []  # the messages replay would leave, as indices into `said`
+    for c in changes:
+        if isinstance(c, Added):
+            live.append(len(said))
+            said.append((c.role, c.content))
+        elif isinstance(c, Replaced):
+            at = live[c.index]
+            said[at] = (said[at][0], c.content)
+        else:
+            del live[c.start : c.stop]
+    return said
+
+
 class HeardReply(Protocol):
     """What the history needs of a reply (voice.reply.Reply)."""
 

@@ -24,6 +24,7 @@ from parley.config import AppConfig
 from parley.conversation_db import SqlStore, open_store
 from voice.conversation import Conversations
 from parley.tool_offer import NOT_LOADED, llm_tool_support
+from web.conversations_api import mount as mount_conversations
 from web.guard import Guard
 from web.metrics import Metrics, busy_counters, scheduler_exposition, stage_counters
 from web.otel.export import Telemetry, llm_facts
@@ -85,6 +86,11 @@ def create_app(
             state.runtime = await asyncio.to_thread(load or rt.load_and_warm, cfg)
             _check_stages(state.settings, state.runtime.stages)
             state.personas = rt.personas(cfg, llm_tool_support(state.runtime.stages.llm))  # what tools: auto offers
+        if isinstance(store, SqlStore):
+            try:  # a database that is down is said at start; the server serves, and writes once it is up
+                await asyncio.to_thread(store.ready)
+            except Exception as exc:
+                log.error("conversation store %s: %s (conversations are not saved until it answers)", store.shown_url, exc)
         try:
             yield
         finally:
@@ -164,6 +170,8 @@ def create_app(
         gauges["parley_gc_frozen_objects"] = gc.get_freeze_count()
         queue += state.telemetry.exposition()
         return PlainTextResponse(state.metrics.render(gauges, counters) + queue, media_type="text/plain; version=0.0.4")
+
+    mount_conversations(app, state)  # GET/DELETE /api/conversations: the transcripts the store keeps
 
     if cfg.server.openai_api:
         from web.openai_api.app import mount

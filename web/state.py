@@ -25,6 +25,10 @@ from web.otel.export import Telemetry
 from web.resume import ResumeTokens, UnknownToken
 
 
+class ConversationInUse(Exception):
+    """A connection carries the conversation now: it cannot be forgotten under it."""
+
+
 @dataclass
 class AppState:
     cfg: AppConfig
@@ -132,6 +136,17 @@ class AppState:
         await asyncio.sleep(delay_s + 0.05)
         for conversation_id in self.resume.expired(time.time()):
             await self._end_held(conversation_id)
+
+    async def forget_conversation(self, conversation_id: str) -> None:
+        """The user asked: a conversation goes, transcript and all (one held for a reconnect too: its slot is
+        freed, its token no longer works). ConversationInUse while a connection carries it."""
+        conversation = self.conversations.get(conversation_id)
+        if conversation is not None and conversation.attached:
+            raise ConversationInUse(f"conversation {conversation_id} is in progress; end its session first")
+        self.resume.forget(conversation_id)
+        self.conversations.forget(conversation_id)
+        if conversation is not None and self.runtime is not None:
+            await asyncio.to_thread(self.stages.llm.release, conversation_id)
 
     async def _end_held(self, conversation_id: str) -> None:
         conversation = self.conversations.get(conversation_id)

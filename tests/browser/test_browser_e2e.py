@@ -206,3 +206,29 @@ def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -
     page.wait_for_function("window.parleyStats.done.length >= 1", timeout=120_000)
     assert page.input_value("#persona") == "storyteller" and page.input_value("#voice") == "kal"
     assert "Hello there, traveller" in page.locator("#conversation .msg.assistant").first.inner_text()
+
+
+def test_a_past_conversation_is_read_back_and_deleted_on_its_page(server, launch, silent_wav, artifacts) -> None:
+    page = launch(silent_wav)
+    open_after_greeting(page, server)
+    sid = page.evaluate("window.parley.conn.ready.session_id")
+    page.fill("#text", "Say hello.")
+    page.press("#text", "Enter")
+    page.wait_for_function("window.parleyStats.done.length >= 2", timeout=180_000)
+    reply = page.locator("#conversation .msg.assistant .body").last.inner_text()
+    page.evaluate("window.parley.conn.stop()")  # closed on purpose: the conversation ends, its transcript is kept
+    page.click("header a[href='conversations.html']")
+    item = page.locator(f"#conversations li[data-id='{sid}']")
+    item.wait_for(timeout=30_000)
+    assert item.locator("button.secondary").inner_text() == "Say hello."
+    item.locator("button.secondary").click()
+    said = page.locator("#transcript .msg")
+    said.nth(2).wait_for(timeout=30_000)
+    assert said.nth(1).inner_text() == "Say hello." and said.nth(2).inner_text() == reply.strip()
+    assert "Hi, I'm Parley" in said.nth(0).inner_text()
+    page.screenshot(path=str(artifacts / "parley-conversations.png"))
+    item.locator("button.delete").click()
+    assert item.locator("button.delete").inner_text() == "Delete for good?"  # one stray click loses nothing
+    item.locator("button.delete").click()
+    item.wait_for(state="detached", timeout=30_000)
+    assert page.locator("#transcript .msg").count() == 0 and page.locator("#error").is_hidden()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from voice.history import History, reply_content
+from voice.history import History, replay, reply_content, transcript
 
 
 @dataclass
@@ -88,3 +88,20 @@ def test_trim_by_count() -> None:
         h.add_user("q")
         h.add_reply(Said(turn, "a"), "a", interrupted=False)
     assert h.trim() == 4 and list(h.messages) == [("user", "q"), ("assistant", "a")]
+
+
+def test_a_transcript_keeps_what_trims_and_joins_took_out_of_the_prompt() -> None:
+    changes: list = []
+    h = History(max_chars=60, max_messages=100, sink=changes.append)
+    for turn in range(1, 6):
+        h.add_user(f"question {turn}", voice_turn=turn)
+        h.add_reply(Said(turn, f"answer number {turn}"), f"answer number {turn}", interrupted=turn == 5)
+    h.trim()
+    h.correct(5, 100.0)  # the last reply, interrupted after one word: its correction lands on its own message
+    h.add_user("and then", voice_turn=6)
+    h.drop_joined(6)
+    assert replay(changes) == list(h.messages)
+    said = transcript(changes)
+    assert [t for _, t in said][:2] == ["question 1", "answer number 1"]  # trimmed out of the prompt, still said
+    assert ("assistant", "answer") in said and ("assistant", "answer number 5") not in said
+    assert said[-1] == ("user", "and then") and len(said) == 11

@@ -54,16 +54,43 @@ def test_a_conversation_comes_back_whole_after_a_restart(url: str) -> None:
     again.close()
 
 
+def test_an_ended_conversation_keeps_its_transcript_until_it_is_forgotten(url: str) -> None:
+    store = SqlStore(url)
+    convs = Conversations(store)
+    for cid, question in (("old", "What is the capital of France?"), ("new", "Set a timer for five minutes " * 5)):
+        conv = convs.open(cid, persona="assistant", voice=None, max_chars=60, max_messages=100)
+        conv.turned(1, "assistant", None)
+        conv.memory.add_user(question)
+        conv.memory.add("assistant", "Paris." if cid == "old" else "Done.")
+        conv.memory.trim(force=True)  # the prompt loses the first exchange; the transcript keeps it
+        conv.memory.add_user("Thanks.")
+        time.sleep(0.01)  # updated_s orders the listing
+    store.save_token("tok-old", "old", "auth", None)
+    convs.end("old")
+    listed = store.listing(10)
+    assert [c.id for c in listed] == ["old", "new"]  # the one that ended last was written last
+    old = listed[0]
+    assert old.ended_s is not None and old.started_s is not None and old.messages == 3 and old.last_turn == 1
+    assert old.first_words == "What is the capital of France?" and listed[1].ended_s is None
+    assert listed[1].first_words.endswith("…") and len(listed[1].first_words) <= 80
+    assert store.transcript("old") == [("user", "What is the capital of France?"), ("assistant", "Paris."), ("user", "Thanks.")]
+    assert store.find_token("tok-old") is None  # ended: nothing to resume
+    convs.forget("old")
+    assert store.transcript("old") is None and [c.id for c in store.listing(10)] == ["new"]
+    assert store.transcript("nobody") is None
+    store.close()
+
+
 def test_a_failing_database_drops_writes_with_an_error_and_raises_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    store = SqlStore(f"sqlite:///{tmp_path / 'c.db'}")
-    store.engine.dispose()
-    (tmp_path / "c.db").unlink()
-    (tmp_path / "c.db").mkdir()  # the file is now a directory: every write fails
+    (tmp_path / "c.db").mkdir()  # the database's file is a directory: every write fails
+    store = SqlStore(f"sqlite:///{tmp_path / 'c.db'}")  # starts all the same (the tables are made at first use)
     with caplog.at_level(logging.ERROR, logger="parley.conversation_db"):
         store.append("x", __import__("voice.history", fromlist=["Added"]).Added("user", "hi"))
         store.save("x", Saved("assistant", None, 1))
         assert store.flush()
     assert "writes dropped" in caplog.text
+    with pytest.raises(Exception):
+        store.listing(5)  # a read says the database failed (the API answers 503)
     store.close()
 
 
