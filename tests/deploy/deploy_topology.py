@@ -26,7 +26,7 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 # digits only, as a generated token may be: a token that is not quoted as a YAML string in `--set server.token=...`
 # would load as a number and fail the config.
 HOST_ENV = {"PARLEY_TOKEN": "1111", "PARLEY_STAGES_KEY": "2222", "PARLEY_LLM_KEY": "3333", "HF_TOKEN": "4444",
-            "PARLEY_PUBLIC_HOST": "parley.example.com"}  # fmt: skip
+            "PARLEY_PUBLIC_HOST": "parley.example.com", "PARLEY_DB_PASSWORD": "5555"}  # fmt: skip
 NAMESPACE = "parley-ns"  # what a fieldRef to metadata.namespace gives
 POD_IP = "10.1.2.3"  # the kubelet's Host for a probe without a Host header is the pod's address
 VLLM_DEFAULT_PORT = 8000
@@ -46,7 +46,7 @@ class Probe:
 @dataclass
 class Proc:
     name: str
-    kind: str  # parley | vllm | nginx
+    kind: str  # parley | vllm | nginx | postgres
     argv: list[str]  # as the process gets it
     raw: str  # the command before any expansion (secrets must come from the environment)
     env: dict[str, str]
@@ -73,6 +73,8 @@ class Proc:
         elif self.kind == "vllm":
             assert self.argv[:2] == ["vllm", "serve"], f"{self.name}: {self.argv[:2]}"
             self.listen = int(vllm_flag(self.argv, "--port") or VLLM_DEFAULT_PORT)
+        elif self.kind == "postgres":
+            self.listen = int(self.env.get("PGPORT", 5432))
 
 
 VLLM_BOOL_FLAGS = {"--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
@@ -160,7 +162,7 @@ def dockerfile_cmd() -> list[str]:
 def _kind(image: str, build: bool) -> str:
     if build or image.startswith("parley"):
         return "parley"
-    for kind in ("vllm", "nginx"):
+    for kind in ("vllm", "nginx", "postgres"):
         if image.split("/")[-1].startswith(kind) or image.startswith(f"{kind}/"):
             return kind
     raise AssertionError(f"unknown image {image!r}")
@@ -169,8 +171,8 @@ def _kind(image: str, build: bool) -> str:
 def _argv(kind: str, command: list[str] | None, env: dict[str, str]) -> list[str]:
     if kind == "vllm":  # the image's entrypoint is `vllm serve`; the command is its arguments
         return ["vllm", "serve", *(command or [])]
-    if kind == "nginx":
-        return ["nginx"]
+    if kind in ("nginx", "postgres"):
+        return [kind]
     return container_argv(command or dockerfile_cmd(), env)
 
 
@@ -227,7 +229,9 @@ def load_compose(extra: tuple[str, ...] = (), profiles: frozenset[str] = frozens
         proc = Proc(name, kind, _argv(kind, command, env), raw_cmd, env,
                     replicas=int(svc.get("deploy", {}).get("replicas", 1)),
                     resources=svc.get("deploy", {}).get("resources", {}))  # fmt: skip
-        if "healthcheck" in svc:
+        if "healthcheck" in svc and kind == "postgres":
+            assert "pg_isready" in " ".join(_strings(svc["healthcheck"]["test"])), f"compose: {name}: probe with pg_isready"
+        elif "healthcheck" in svc:
             proc.probes.append(_healthcheck_probe(name, svc["healthcheck"]["test"]))
         proc.load()
         if kind == "parley":

