@@ -208,14 +208,19 @@ def test_persona_switch_changes_voice_and_greeting(server, launch, silent_wav) -
     assert "Hello there, traveller" in page.locator("#conversation .msg.assistant").first.inner_text()
 
 
-def test_a_past_conversation_is_read_back_and_deleted_on_its_page(server, launch, silent_wav, artifacts) -> None:
+def test_a_dropped_page_resumes_and_the_conversation_is_read_back_and_deleted(server, launch, silent_wav, artifacts) -> None:
     page = launch(silent_wav)
     open_after_greeting(page, server)
     sid = page.evaluate("window.parley.conn.ready.session_id")
+    # the link drops (any close but 1000): the page reconnects by itself with its token and says the conversation went on
+    page.evaluate("window.parley.conn.ws.close(4000, 'network gone')")
+    page.wait_for_function("document.querySelector('#conn').textContent.includes('resumed')", timeout=60_000)
+    assert page.evaluate("window.parleyStats.connections.map(c => [c.sessionId, c.resumed])") == [[sid, False], [sid, True]]
     page.fill("#text", "Say hello.")
     page.press("#text", "Enter")
     page.wait_for_function("window.parleyStats.done.length >= 2", timeout=180_000)
     reply = page.locator("#conversation .msg.assistant .body").last.inner_text()
+    assert page.locator("#conversation .msg.assistant").count() == 2  # the greeting once, then the reply
     page.evaluate("window.parley.conn.stop()")  # closed on purpose: the conversation ends, its transcript is kept
     page.click("header a[href='conversations.html']")
     item = page.locator(f"#conversations li[data-id='{sid}']")

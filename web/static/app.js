@@ -205,8 +205,10 @@ conn.addEventListener("status", (ev) => {
 
 conn.addEventListener("message", (ev) => {
   if (ev.detail.type !== "session.ready") return;
-  stats.connections.push({ at: performance.now(), sessionId: ev.detail.session_id });
-  ui.setConnection("up", "Connected");
+  const again = stats.connections.length > 0;
+  stats.connections.push({ at: performance.now(), sessionId: ev.detail.session_id, resumed: Boolean(ev.detail.resumed) });
+  // after a drop, say whether the conversation went on (resumed) or a new one began (too late: a new greeting)
+  ui.setConnection("up", !again ? "Connected" : ev.detail.resumed ? "Reconnected: conversation resumed" : "Reconnected: new conversation");
 });
 
 conn.addEventListener("closed", (ev) => {
