@@ -225,9 +225,10 @@ class Engine:
             return self.slots.owned() - sum(1 for s in self._releasing if self.slots.slot_of(s) is not None)
 
     def requests_besides(self, session_id: str) -> int:
-        """Requests of other sessions the engine holds now (queued, running or held)."""
+        """Requests of other sessions the engine holds now (queued, running or held); a session's side slots
+        (`<session>/<purpose>`, e.g. its summary's) are its own."""
         jobs = list(self._jobs.values())  # (a copy in one call: the engine thread adds and removes meanwhile)
-        return sum(1 for j in jobs if j.req.session_id != session_id)
+        return sum(1 for j in jobs if j.req.session_id.split("/", 1)[0] != session_id)
 
     def step(self) -> StepPlan | None:
         """Run one engine step on the caller's thread, for an engine that was never started (tests count steps).

@@ -139,6 +139,7 @@ class LlmConfig(_Strict):
     native: Literal["auto", "on", "off"] = "auto"  # the compiled CPU decode step (llm_engine/native)
     kv_cache: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"  # auto: float16 for a float32 model on CPU
     max_seq_len: int = Field(2048, ge=128)
+    summarise_history: bool = True  # the oldest turns summarised ahead instead of dropped (voice.summary)
     max_slots: int = Field(8, ge=1)
     prefix_cache: bool = True  # a new session copies a prompt prefix (the persona) another idle slot holds
     # while others decode, a prompt chunk takes as many tokens as fit this long at the model's measured cost a token

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from voice.conversation import ConversationStore, Listed, MemoryStore, Saved, listed
-from voice.history import Added, Change, Message, Removed, Replaced, transcript
+from voice.history import Added, Change, Message, Removed, Replaced, Summarised, transcript
 
 log = logging.getLogger(__name__)
 BATCH = 256  # writes a transaction takes at most
@@ -53,7 +53,7 @@ class SqlStore:
             sa.Column("persona", sa.String(100), nullable=False),
             sa.Column("voice", sa.String(100)),
             sa.Column("last_turn", sa.Integer, nullable=False, default=0),
-            sa.Column("started_s", sa.Float, nullable=False),
+            sa.Column("started_s", sa.Float),
             sa.Column("updated_s", sa.Float, nullable=False, index=True),
             sa.Column("ended_s", sa.Float),  # null while open (carried, or held for a reconnect)
         )  # fmt: skip
@@ -61,7 +61,7 @@ class SqlStore:
             "changes", meta,
             sa.Column("conversation_id", sa.String(64), primary_key=True),
             sa.Column("seq", sa.Integer, primary_key=True),
-            sa.Column("kind", sa.String(8), nullable=False),  # add | replace | remove
+            sa.Column("kind", sa.String(8), nullable=False),  # add | replace | remove | summary
             sa.Column("role", sa.String(16)),
             sa.Column("content", sa.Text),
             sa.Column("a", sa.Integer),  # replace: the index; remove: start
@@ -191,7 +191,22 @@ class SqlStore:
         with self._schema_lock:
             if not self._schema_ready:
                 self._meta.create_all(self.engine)
+                self._add_missing_columns()
                 self._schema_ready = True
+
+    def _add_missing_columns(self) -> None:
+        """A database an older Parley made: the columns this one added since are added to it (each nullable), so an
+        upgrade keeps its conversations."""
+        sa = self._sa
+        have = sa.inspect(self.engine)
+        with self.engine.begin() as c:
+            for table in self._meta.sorted_tables:
+                known = {col["name"] for col in have.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name not in known:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        c.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
+                        log.info("conversation store: added column %s.%s", table.name, col.name)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Any]:
@@ -246,6 +261,8 @@ def _columns(change: Change) -> dict[str, Any]:
         return {"kind": "add", "role": change.role, "content": change.content, "a": None, "b": None}
     if isinstance(change, Replaced):
         return {"kind": "replace", "role": None, "content": change.content, "a": change.index, "b": None}
+    if isinstance(change, Summarised):
+        return {"kind": "summary", "role": None, "content": change.text, "a": change.stop, "b": None}
     return {"kind": "remove", "role": None, "content": None, "a": change.start, "b": change.stop}
 
 
@@ -254,6 +271,8 @@ def _change(row: Any) -> Change:
         return Added(row.role, row.content)
     if row.kind == "replace":
         return Replaced(row.a, row.content)
+    if row.kind == "summary":
+        return Summarised(row.a, row.content)
     return Removed(row.a, row.b)
 
 

@@ -146,6 +146,7 @@ def session_settings(cfg: AppConfig, **overrides: Any) -> SessionSettings:
         # ~3-4 characters a token in English: the history takes at most about half the context, the reply and the
         # system prompt the rest
         history_chars=int(cfg.models.llm.max_seq_len * 4 * 0.5),
+        summarise_history=cfg.models.llm.summarise_history,
         output_sample_rate=output_sample_rate(cfg),
         audio_lead_ms=1000.0 * cfg.server.audio_lead_s,
         server_aec=cfg.vad.server_aec,

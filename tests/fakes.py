@@ -123,6 +123,7 @@ class FakeEngine:
     end_probs: dict[str, float] = field(default_factory=dict)  # user text -> a probe's end_prob (default 0.9)
     requests: list[GenerateRequest] = field(default_factory=list)
     submitted_ns: list[int] = field(default_factory=list)  # perf_counter_ns of each submit, as `requests`
+    streams: list[FakeStream] = field(default_factory=list)  # each request's stream, as `requests` (its holds)
     prefilled_ns: list[int] = field(default_factory=list)  # when each request's prefill ended, in run order
     finished: list[FinishEvent] = field(default_factory=list)
     cancelled: int = 0  # generations stopped mid-way
@@ -139,6 +140,7 @@ class FakeEngine:
         stream = FakeStream()
         self.submitted_ns.append(time.perf_counter_ns())
         self.requests.append(req)
+        self.streams.append(stream)
         self._jobs.put(_Job(req, on_event, stream, self.submitted_ns[-1]))
         return stream
 

@@ -37,7 +37,15 @@ class Removed:
     stop: int  # messages[start:stop] went
 
 
-Change = Added | Replaced | Removed
+@dataclass(frozen=True)
+class Summarised:
+    stop: int  # messages[:stop] went, and a summary of them (and of any summary among them) stands first
+    text: str
+
+
+Change = Added | Replaced | Removed | Summarised
+SUMMARY = "summary"  # the role of the summary that stands first once the oldest messages were summarised
+SUMMARY_INTRO = "Earlier in this conversation (a summary): "
 
 
 def replay(changes: Iterable[Change]) -> list[Message]:
@@ -48,6 +56,8 @@ def replay(changes: Iterable[Change]) -> list[Message]:
             messages.append((c.role, c.content))
         elif isinstance(c, Replaced):
             messages[c.index] = (messages[c.index][0], c.content)
+        elif isinstance(c, Summarised):
+            messages[: c.stop] = [(SUMMARY, c.text)]
         else:
             del messages[c.start : c.stop]
     return messages
@@ -55,9 +65,9 @@ def replay(changes: Iterable[Change]) -> list[Message]:
 
 def transcript(changes: Iterable[Change]) -> list[Message]:
     """Everything a log of changes said, in order: what `replay` leaves, and what trims and joined requests took out
-    of the prompt since (a correction applies to the message it corrected)."""
+    of the prompt since (a correction applies to the message it corrected). Summaries are no part of it."""
     said: list[Message] = []
-    live: list[int] = []  # the messages replay would leave, as indices into `said`
+    live: list[int] = []  # the messages replay would leave, as indices into `said` (-1: the summary)
     for c in changes:
         if isinstance(c, Added):
             live.append(len(said))
@@ -65,6 +75,8 @@ def transcript(changes: Iterable[Change]) -> list[Message]:
         elif isinstance(c, Replaced):
             at = live[c.index]
             said[at] = (said[at][0], c.content)
+        elif isinstance(c, Summarised):
+            live[: c.stop] = [-1]
         else:
             del live[c.start : c.stop]
     return said
@@ -125,6 +137,8 @@ class History:
         kept = self._messages
         if joins is not None and self._exchange is not None and self._exchange[0] == joins:
             kept = kept[: self._exchange[1]]
+        if kept and kept[0][0] == SUMMARY:  # what the oldest turns said, as part of the system prompt
+            system, kept = f"{system}\n\n{SUMMARY_INTRO}{kept[0][1]}", kept[1:]
         return [("system", system), *kept, *([("user", user_text)] if user_text is not None else [])]
 
     def drop_joined(self, joins: int | None) -> None:
@@ -178,25 +192,65 @@ class History:
     def trim(self, force: bool = False) -> int:
         """A conversation that outgrew max_chars or max_messages loses its oldest half at once, from a user turn on:
         the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping one
-        message a turn changed it every turn. `force`: halve it now, however long (the engine had to leave messages
-        out to fit its context: its tokens outgrew the character budget). -> how many messages went."""
-        msgs = self._messages
-        chars = sum(len(text) for _, text in msgs)
-        if not force and chars <= self.max_chars and len(msgs) <= self.max_messages:
+        message a turn changed it every turn. A summary of older turns stays first. `force`: halve it now, however
+        long (the engine had to leave messages out to fit its context: its tokens outgrew the character budget).
+        -> how many messages went."""
+        if not force and not self._over(1.0):
             return 0
-        keep_chars, cut = min(self.max_chars, chars) // 2, len(msgs)
+        chars = sum(len(text) for _, text in self._messages)
+        cut = self.cut_point(min(self.max_chars, chars) // 2)
+        start = 1 if self._messages and self._messages[0][0] == SUMMARY else 0
+        if cut <= start:
+            return 0
+        self._remove(start, cut)
+        self._moved(start, cut, start)
+        return cut - start
+
+    def summary_due(self, ahead: float) -> int:
+        """Past `ahead` of its bounds, the oldest messages should be summarised before the bound drops them:
+        -> how many (from the first, a summary among them), leaving about 40 % of max_chars from a user turn on; 0:
+        not yet (or too little to summarise)."""
+        if not self._over(ahead):
+            return 0
+        cut = self.cut_point(int(0.4 * self.max_chars))
+        return cut if cut >= 2 else 0
+
+    def summarise(self, stop: int, text: str) -> None:
+        """messages[:stop] give way to their summary (which folds into the system prompt)."""
+        self._messages[:stop] = [(SUMMARY, text)]
+        self._sink(Summarised(stop, text))
+        self._moved(0, stop, 1)
+
+    def cut_point(self, keep_chars: int) -> int:
+        """Where a cut begins that keeps about `keep_chars` of the newest messages (and at most half of
+        max_messages), moved on to a user message."""
+        msgs = self._messages
+        cut = len(msgs)
         while cut > 0 and keep_chars - len(msgs[cut - 1][1]) >= 0 and len(msgs) - cut < self.max_messages // 2:
             cut -= 1
             keep_chars -= len(msgs[cut][1])
         while cut < len(msgs) and msgs[cut][0] != "user":
             cut += 1
-        self._remove(0, cut)
-        if self._exchange is not None:  # indices move down with the cut; gone if what they held went
-            self._exchange = (self._exchange[0], self._exchange[1] - cut) if self._exchange[1] >= cut else None
-        if self._interrupted is not None:
-            self._interrupted = (self._interrupted[0], self._interrupted[1] - cut) if self._interrupted[1] >= cut else None
-        self._said = {t: (r, i - cut) for t, (r, i) in self._said.items() if i >= cut}
         return cut
+
+    def _over(self, share: float) -> bool:
+        chars = sum(len(text) for _, text in self._messages)
+        return chars > share * self.max_chars or len(self._messages) > share * self.max_messages
+
+    def _moved(self, start: int, stop: int, to: int) -> None:
+        """messages[start:stop] became messages[start:to]: the places it remembers move down with them (gone if
+        what they held went)."""
+
+        def moved(i: int) -> int | None:
+            return i if i < start else None if i < stop else i - stop + to
+
+        if self._exchange is not None:
+            at = moved(self._exchange[1])
+            self._exchange = None if at is None else (self._exchange[0], at)
+        if self._interrupted is not None:
+            at = moved(self._interrupted[1])
+            self._interrupted = None if at is None else (self._interrupted[0], at)
+        self._said = {t: (r, at) for t, (r, i) in self._said.items() if (at := moved(i)) is not None}
 
 
 def reply_content(reply: HeardReply, interrupted: bool) -> tuple[str, str]:

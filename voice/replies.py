@@ -236,6 +236,7 @@ class Replies:
         if self.current is not None:
             self._last_text = self.current.text
         self.current = reply
+        self.s.summary.reply_started()  # a summary being written waits for the reply
         self.task = tg.create_task(self._respond(reply, deltas, trace, hold))
 
     async def _respond(self, reply: Reply, deltas: AsyncIterator[str], trace: TurnTrace | None, hold: Callable[[bool], None]) -> None:
@@ -266,13 +267,18 @@ class Replies:
         # messages out (more tokens than the character budget foresaw: its cut moves every turn, and every turn would
         # prefill the whole prompt again)
         fitted = trace is not None and bool((trace.info.get("llm") or {}).get("dropped_messages"))
-        dropped = s.memory.trim(force=fitted)
-        if dropped:
+        context: dict[str, Any] = {}
+        if (summary := s.summary.take_ready()) is not None:  # written ahead: the oldest turns give way to it
+            context.update(summarised_messages=s.summary.apply(summary), summary=summary.text)
+        if dropped := s.memory.trim(force=fitted):  # the bound came before a summary was ready (or a forced halving)
+            context["dropped_messages"] = dropped
+        if context:
             if trace is not None:
-                trace.info["context"] = {"dropped_messages": dropped, "kept_messages": len(s.history)}
+                trace.info["context"] = {**context, "kept_messages": len(s.history)}
             if s.settings.warm_prompt:
                 with suppress(RuntimeError):  # the task group is shutting down: the session is closing
                     s.rewarm()
+        s.summary.go_on()
         # a reply sent whole still plays on the client: speech over its last words (or their echo) is an interjection
         s.apply(s.turns.reply_ended(reply.turn_id, interrupted, audible_ms=0.0 if interrupted else reply.unplayed_ms()))
         if trace is not None:

@@ -14,6 +14,7 @@ from voice.first_phrase import FirstPhrases
 from voice.history import History
 from voice.outbox import Outbox
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from voice.summary import Summariser
 from voice.trace import TurnTrace
 from voice.turntaking import Action, TurnTaking
 
@@ -32,6 +33,7 @@ class ReplyHost(Protocol):
     client_tools: tuple[ToolSpec, ...]  # tools the client runs (the Realtime API's session.tools)
     client_tool_choice: str | None  # the client's tool_choice (None: the persona's)
     preempt: FirstPhrases  # the reply's first phrase made in the user's pause, held for the endpoint
+    summary: Summariser  # the oldest turns summarised ahead, put in place as a reply ends
 
     @property
     def persona(self) -> PersonaSpec: ...

@@ -27,6 +27,7 @@ from voice.llm_bridge import LlmFinish
 from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
+from voice.summary import Summariser
 from llm_engine.tool_format import ToolSpec
 from voice.tool_turn import ahead_unfit, with_tools
 from voice.trace import TurnTrace
@@ -93,6 +94,7 @@ class Session:
             busy=lambda: self.preempt.busy(), frontend=self._frontend(settings, stages),
         )  # fmt: skip
         self.replies = Replies(self)
+        self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, on=settings.summarise_history)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
         self.shell = TurnShell(self)  # runs what turn-taking asks for (voice.turn_shell)
         self._bg: set[asyncio.Task[Any]] = set()

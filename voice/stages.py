@@ -53,6 +53,7 @@ class SessionSettings:
     warm_prompt: bool = True  # prefill the persona's system prompt at start and on a persona switch
     history_chars: int = 5000  # the history a prompt carries; past it the oldest half goes at once (parley.runtime)
     history_messages: int = 200  # and past this many messages (tiny ones cost the chat template a render each)
+    summarise_history: bool = True  # the oldest turns summarised ahead of the bound instead of dropped (voice.summary)
     server_aec: bool = False  # cancel the replies' echo in the microphone on the server (voice.echo)
     preemptive_phrase: bool = False  # the reply's first phrase made in the user's pause (voice.first_phrase)
     preemptive_shed_wait_ms: float = 50.0  # shed it while what users wait for queues longer than this (p95)

@@ -281,7 +281,7 @@ async def test_the_prompt_is_cached_before_the_first_turn_and_again_after_a_pers
 
 async def test_many_tiny_messages_are_capped_by_count_too() -> None:
     """A history of one-character turns never reaches the character limit; the message cap drops its older half."""
-    async with Harness(history_chars=100_000, history_messages=10, audio_lead_ms=UNPACED) as h:
+    async with Harness(history_chars=100_000, history_messages=10, audio_lead_ms=UNPACED, summarise_history=False) as h:
         for i in range(12):
             h.session.text_input("a")
             await h.wait_for("response.done", i + 1)
@@ -293,7 +293,7 @@ async def test_many_tiny_messages_are_capped_by_count_too() -> None:
 
 
 async def test_a_long_conversation_drops_its_oldest_half_at_once_and_keeps_the_rest_stable() -> None:
-    async with Harness(history_chars=400, warm_prompt=True, audio_lead_ms=UNPACED) as h:
+    async with Harness(history_chars=400, warm_prompt=True, audio_lead_ms=UNPACED, summarise_history=False) as h:
         warmed_after_drop, opening = 0, None
         for i in range(12):
             h.session.text_input(f"question number {i} " + "x" * 40)

@@ -1,0 +1,47 @@
+"""A long conversation's oldest turns are summarised ahead of the history's bound, not dropped at it (voice.summary
+on the fake engine): the summary is written in the conversation's side slot, waits while a reply runs, takes the old
+turns' place as a reply ends, and the shorter prompt is warmed again at once."""
+from __future__ import annotations
+
+import asyncio
+
+from fakes import FakeEngine, Harness
+
+UNPACED = 60_000.0
+FACT = "My name is Ana and I am vegetarian."
+
+
+async def test_a_long_conversation_summarises_its_oldest_turns_instead_of_dropping_them() -> None:
+    engine = FakeEngine(reply_words="Noted, thank you.".split())
+    async with Harness(engine=engine, history_chars=400, warm_prompt=True, audio_lead_ms=UNPACED) as h:
+        for i in range(14):
+            h.session.text_input(FACT if i == 0 else f"question number {i} " + "x" * 40)
+            await h.wait_for("response.done", i + 1)
+        traces = [await h.wait_for("turn.trace", n) for n in range(1, 15)]
+        contexts = [t["context"] for t in traces if "context" in t]
+        assert contexts and all("dropped_messages" not in c for c in contexts)  # summarised in time: nothing dropped
+        assert all(c["summarised_messages"] >= 2 and c["summary"] == "Noted, thank you." for c in contexts)
+        asks = [(r, s) for r, s in zip(engine.requests, engine.streams) if r.session_id == "s1/summary"]
+        assert len(asks) >= 2 and FACT in asks[0][0].messages[-1].content
+        assert "Earlier: Noted, thank you." in asks[1][0].messages[-1].content  # the next summary folds the last in
+        # a reply began while one was being written: it was held (the fake engine runs it on regardless)
+        assert any(stream.holds[:1] == [True] for _, stream in asks), [s.holds for _, s in asks]
+        history = h.session.history
+        assert history[0] == ("summary", "Noted, thank you.") and history[1][0] == "user"
+        assert sum(len(text) for _, text in history) <= 400
+        system = h.session.messages()[0][1]
+        assert system.endswith("Earlier in this conversation (a summary): Noted, thank you.")
+        prompt = [w for role, text in h.session.messages() for w in (role, *text.split())]
+        async with asyncio.timeout(10):  # the shorter prompt is back in the conversation's slot before the next turn
+            while engine.slots.get("s1") != prompt:
+                await asyncio.sleep(0.005)
+        assert "s1/summary" not in engine.slots  # the side slot is freed after each summary
+
+
+async def test_with_summaries_off_the_bound_drops_the_oldest_turns() -> None:
+    async with Harness(history_chars=400, audio_lead_ms=UNPACED, summarise_history=False) as h:
+        for i in range(12):
+            h.session.text_input(f"question number {i} " + "x" * 40)
+            await h.wait_for("response.done", i + 1)
+        assert not [r for r in h.engine.requests if r.session_id.endswith("/summary")]
+        assert h.session.history[0][0] == "user"

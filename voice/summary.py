@@ -1,0 +1,115 @@
+"""A long conversation's oldest turns summarised ahead of time, instead of forgotten when the history reaches its
+bound (voice.history.trim): the engine writes the summary in the conversation's own side slot while the session is
+idle, held (paused) while a reply runs, started only when no other session's request is in the engine (preemptive
+work is shed under load); a summary that is ready is put in place as the next reply ends, and the shorter prompt is
+prefilled again right then (Session.rewarm), so no turn's first token waits for the rebuild.
+
+What to summarise and where it goes is voice.history's (summary_due, summarise); this shell only runs the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Protocol
+
+from voice.history import SUMMARY, History, Message
+from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
+
+log = logging.getLogger(__name__)
+AHEAD = 0.75  # of the history's bounds: a summary is written from here on, before the bound would drop the turns
+MAX_SUMMARY_TOKENS = 160
+SUMMARY_SYSTEM = "You keep short notes of a spoken conversation between a user and an assistant."
+SUMMARY_ASK = (
+    "Summarise the conversation below in at most five short sentences, in the language it is in. Keep every fact the"
+    " user stated about themselves (names, preferences, plans, numbers) and anything still to be done. Write only the"
+    " summary.\n\n"
+)
+
+
+class SummaryLlm(Protocol):
+    def generate(self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int) -> LlmCall: ...
+
+    def release(self, session_id: str) -> None: ...
+
+    def other_requests(self, session_id: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class Summary:
+    covers: tuple[Message, ...]  # the messages it summarises, as they stood: it applies while they still stand first
+    text: str
+
+
+def summary_prompt(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """The request that summarises `messages` (a summary among them is folded in as what came earlier)."""
+    lines = [f"Earlier: {text}" if role == SUMMARY else f"{role.capitalize()}: {text}" for role, text in messages]
+    return [("system", SUMMARY_SYSTEM), ("user", SUMMARY_ASK + "\n".join(lines))]
+
+
+class Summariser:
+    def __init__(
+        self, session_id: str, memory: History, llm: SummaryLlm, spawn: Callable[..., asyncio.Task[None] | None], *, on: bool = True,
+    ) -> None:  # fmt: skip
+        self.on = on  # off: the history's bound drops the oldest turns (voice.history.trim)
+        self.key = f"{session_id}/summary"  # a slot of its own: the conversation's cached prompt stays where it is
+        self.session_id = session_id
+        self.memory, self.llm, self.spawn = memory, llm, spawn
+        self.ready: Summary | None = None
+        self._call: LlmCall | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._replying = False  # a reply of the session runs (between reply_started and go_on)
+        self.written = 0  # summaries written (the bench's and the trace's count)
+
+    def reply_started(self) -> None:
+        """A reply runs: the summary waits for it (its steps paused; its place and cache kept)."""
+        self._replying = True
+        if self._call is not None:
+            self._call.hold(True)
+
+    def take_ready(self) -> Summary | None:
+        """A reply ended: -> the summary written meanwhile, if its messages still stand first (else it is dropped),
+        for the caller to put in place (apply)."""
+        ready, self.ready = self.ready, None
+        if ready is not None and self.memory.messages[: len(ready.covers)] == ready.covers:
+            return ready
+        return None
+
+    def go_on(self) -> None:
+        """A reply ended: the summary's request goes on, or starts if one is due and no other session's request
+        is in the engine."""
+        self._replying = False
+        if self._call is not None:
+            self._call.hold(False)
+        elif self.on and self._task is None and self.memory.summary_due(AHEAD) and self.llm.other_requests(self.session_id) == 0:
+            self._task = self.spawn(self._write)
+
+    def apply(self, summary: Summary) -> int:
+        """Put it in place: -> how many messages it replaced."""
+        self.memory.summarise(len(summary.covers), summary.text)
+        return len(summary.covers)
+
+    async def _write(self) -> None:
+        covers = self.memory.messages[: self.memory.summary_due(AHEAD)]
+        text: list[str] = []
+        try:
+            self._call = self.llm.generate(self.key, summary_prompt(covers), max_new_tokens=MAX_SUMMARY_TOKENS)
+            if self._replying:  # a reply began before this task ran
+                self._call.hold(True)
+            async with aclosing(self._call) as call:
+                async for event in call:
+                    if isinstance(event, LlmToken):
+                        text.append(event.text)
+                    elif isinstance(event, LlmError):
+                        log.warning("session %s: the summary failed: %s", self.session_id, event.message)
+                        return
+                    elif isinstance(event, LlmFinish):
+                        break
+            summary = "".join(text).strip()
+            if summary:
+                self.ready, self.written = Summary(tuple(covers), summary), self.written + 1
+        finally:
+            self._call = self._task = None
+            await asyncio.to_thread(self.llm.release, self.key)
