@@ -41,7 +41,9 @@ class ParleyProcess:
         argv = [sys.executable, "-m", "cli.main"]
         if self.config:
             argv += ["--config", str(self.config)]
-        for item in ("server.host=127.0.0.1", f"server.port={self.port}", *self.sets):
+        # its conversations in a database beside its log, not in the user's own data directory (`sets` may say otherwise)
+        store = (f"storage.url=sqlite:///{self.log_path.parent.resolve() / 'conversations.db'}",) if self.command == "serve" else ()
+        for item in ("server.host=127.0.0.1", f"server.port={self.port}", *store, *self.sets):
             argv += ["--set", item]
         return [*argv, self.command, *self.args]
 

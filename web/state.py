@@ -63,7 +63,10 @@ class AppState:
         except UnknownToken:
             if self.token_store is None:
                 raise
-            saved = await asyncio.to_thread(self.token_store.find_token, token)
+            try:
+                saved = await asyncio.to_thread(self.token_store.find_token, token)
+            except Exception as exc:  # the database is down: the user gets a new conversation, not a dead socket
+                raise ValueError(f"the conversation store did not answer ({exc.__class__.__name__})") from None
             if saved is None:
                 raise
         if not hmac.compare_digest(saved.auth_hash, digest(auth)):
@@ -72,8 +75,11 @@ class AppState:
             raise ValueError("the resume token expired")
         if self.conversations.get(saved.conversation_id) is None:
             s = self.settings
-            await asyncio.to_thread(self.conversations.open, saved.conversation_id, persona=self.cfg.default_persona,
-                                    voice=None, max_chars=s.history_chars, max_messages=s.history_messages, resume=True)  # fmt: skip
+            try:
+                await asyncio.to_thread(self.conversations.open, saved.conversation_id, persona=self.cfg.default_persona,
+                                        voice=None, max_chars=s.history_chars, max_messages=s.history_messages, resume=True)  # fmt: skip
+            except Exception as exc:
+                raise ValueError(f"the conversation could not be read back ({exc.__class__.__name__})") from None
         return saved.conversation_id
 
     @property

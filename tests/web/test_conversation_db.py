@@ -104,3 +104,20 @@ def test_storage_urls_name_their_store(tmp_path: Path) -> None:
     sql.close()
     with pytest.raises(ConfigError, match="storage.url"):
         open_store("nosuchdb://x")
+
+
+def test_a_database_an_older_parley_made_gains_the_new_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = sa.create_engine(url)
+    with old.begin() as c:  # the first version's table: no started_s or ended_s
+        c.execute(sa.text("CREATE TABLE conversations (id VARCHAR(64) PRIMARY KEY, persona VARCHAR(100) NOT NULL, "
+                          "voice VARCHAR(100), last_turn INTEGER NOT NULL, updated_s FLOAT NOT NULL)"))  # fmt: skip
+        c.execute(sa.text("INSERT INTO conversations VALUES ('c1', 'assistant', NULL, 4, 1.0)"))
+    old.dispose()
+    store = SqlStore(url)
+    assert store.saved("c1") == Saved("assistant", None, 4)
+    store.end("c1")
+    assert [(c.id, c.started_s, c.ended_s is not None) for c in store.listing(5)] == [("c1", None, True)]
+    store.close()
