@@ -75,7 +75,9 @@ class Talker:
         first = next((t for t, m in self.events[start:] if m["type"] == "audio"), None)
         await self.wait(lambda: any(m["type"] == "turn.trace" for _, m in self.events[start:]), 10)
         trace = next(m for _, m in self.events[start:] if m["type"] == "turn.trace")
+        done = next(m for _, m in reversed(self.events) if m["type"] == "response.done")
         return {"first_audio_s": None if first is None else first - t0, "llm_ttft_ms": trace["stages_ms"].get("llm_ttft"),
+                "text": done.get("text", ""),
                 "prefill_tokens": trace.get("llm", {}).get("prefill_tokens"), "context": trace.get("context"),
                 "reused_tokens": trace.get("llm", {}).get("reused_tokens")}  # fmt: skip
 
@@ -112,19 +114,35 @@ def worst_first_tokens(results: list[dict[str, Any]], n: int = 5) -> list[list[o
     return rows
 
 
+FACT_TURN = 3  # the user says who they are here, and is asked it again at the last turn
+FACT, FACT_QUESTION, FACT_ANSWER = "My name is Ana and my dog is called Biscuit.", "What is my dog called?", "biscuit"
+
+
+def ask(i: int, turns: int) -> str:
+    """The long conversation's turn i (from 1): a fact about the user at FACT_TURN, asked back at the last turn."""
+    if i == FACT_TURN:
+        return FACT
+    return FACT_QUESTION if i == turns else f"Turn {i}: tell me one short fact about the number {i}."
+
+
 async def long_conversation(server: str, token: str | None, turns: int, window: int,
-                            worst: list[list[object]] | None = None) -> list[list[object]]:  # fmt: skip
+                            worst: list[list[object]] | None = None, recall: dict[str, Any] | None = None) -> list[list[object]]:  # fmt: skip
+    """`recall`: gets the last turn's answer to FACT_QUESTION and whether it holds FACT_ANSWER."""
     rows, results = [], []
     async with Talker(server, token) as t:
         for i in range(turns):
             try:
-                results.append(await t.typed(f"Turn {i}: tell me one short fact about the number {i}."))
+                results.append(await t.typed(ask(i + 1, turns)))
             except TimeoutError:  # its reply never came: said in the table, and the conversation ends here
                 if worst is not None:
                     worst.append([i + 1, "no reply in 120 s", "-", "-", "-"])
                 break
     if worst is not None:
         worst += worst_first_tokens(results)
+    if recall is not None and len(results) == turns:
+        answer = results[-1]["text"]
+        recall.update(answer=answer, right=FACT_ANSWER in answer.lower(), summaries=sum(
+            1 for r in results if (r["context"] or {}).get("summary")), drops=sum(1 for r in results if (r["context"] or {}).get("dropped_messages")))
     for k in range(0, turns, window):
         part = results[k : k + window]
         ttft = [r["llm_ttft_ms"] for r in part if r["llm_ttft_ms"] is not None]
@@ -197,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="artifacts/bench/soak.json")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="4 turns, 5 cycles, no abuse: a smoke test")
+    p.add_argument("--no-abuse", action="store_true", help="skip the history bomb and the audio flood")
     args = p.parse_args(argv)
     if args.tiny:
         args.turns, args.window, args.cycles = 4, 2, 5
@@ -211,13 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine()}
     try:
         worst: list[list[object]] = []
-        conversation = asyncio.run(long_conversation(url, args.token, args.turns, args.window, worst))
+        recall: dict[str, Any] = {}
+        conversation = asyncio.run(long_conversation(url, args.token, args.turns, args.window, worst, recall))
         print(f"\nOne conversation of {args.turns} typed turns (concise persona)")
         print(table(("turns", "llm_ttft p50 ms", "p95 ms", "first audio p50 ms", "max prefill tokens", "context drops"), conversation))
         print("\nIts slowest first tokens")
         print(table(("turn", "llm_ttft ms", "prompt tokens computed", "reused", "history dropped at or before"), worst))
-        result["conversation"], result["worst_first_tokens"] = conversation, worst
-        if not args.tiny:
+        result["conversation"], result["worst_first_tokens"], result["recall"] = conversation, worst, recall
+        if recall:
+            print(f"\nTurn {FACT_TURN} said {FACT!r}; turn {args.turns} asked {FACT_QUESTION!r}: {recall['answer']!r} "
+                  f"({'right' if recall['right'] else 'wrong'}; {recall['summaries']} summaries, {recall['drops']} drops)")
+        if not args.tiny and not args.no_abuse:
             question = _prompts.spoken("What is the capital of France?", "piper").audio
             abuse = [asyncio.run(bystander_beside(url, args.token, a, question, result)) for a in ("history bomb", "audio flood")]
             print("\nA bystander beside an attacker (the same bystander alone first)")

@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str]:
-    """-> a SQLAlchemy URL of a running server's `postgres` database (user `parley`, trusted on loopback)."""
+    """-> a SQLAlchemy URL of a running server's `postgres` database (user `tester`, trusted on loopback)."""
     bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not bins:
         raise FileNotFoundError("PostgreSQL's server is not installed: apt-get install postgresql")
@@ -33,11 +33,11 @@ def postgres_server() -> Iterator[str]:
     data, port = root / "data", _free_port()
     run = lambda *argv: subprocess.run([*as_pg, *map(str, argv)], check=True, capture_output=True, timeout=120)  # noqa: E731
     try:
-        run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "parley", "--no-sync")
+        run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "tester", "--no-sync")
         run(bindir / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o",
             f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")  # fmt: skip
         try:
-            yield f"postgresql+psycopg://parley@127.0.0.1:{port}/postgres"
+            yield f"postgresql+psycopg://tester@127.0.0.1:{port}/postgres"
         finally:
             run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop")
     finally:
