@@ -288,7 +288,7 @@ class Engine:
     def _handle(self, msg: object) -> None:
         if isinstance(msg, _Job):
             self._jobs[msg.id] = msg
-            self.scheduler.enqueue(msg.id, msg.req.session_id)
+            self.scheduler.enqueue(msg.id, msg.req.session_id, msg.req.background)
         elif isinstance(msg, Release):
             for job in [j for j in self._jobs.values() if j.req.session_id == msg.session_id]:
                 self._cancel(job)

@@ -39,6 +39,9 @@ class GenerateRequest:
     # decode under a grammar (structured output, tool calls): every sampled token is one the grammar allows
     constraint: Constraint | None = None
     tools: tuple[ToolSpec, ...] = ()  # rendered into the prompt (llm_engine.tool_format); calls are text until parsed
+    # work nobody waits for (a conversation's summary written ahead): its prompt runs after every other one's, in
+    # small chunks (scheduler.BatchScheduler.enqueue)
+    background: bool = False
 
 
 @dataclass(frozen=True)

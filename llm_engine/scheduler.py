@@ -73,11 +73,16 @@ class BatchScheduler:
         self._session: dict[int, object] = {}  # job -> its session (the job itself when none was given)
         self._chunks_run = 0  # prompt chunks run so far (chunk_ran)
         self._last_chunk: dict[object, int] = {}  # session -> the number of its last chunk (round-robin)
+        self._background: set[int] = set()  # jobs nobody waits for (enqueue)
 
-    def enqueue(self, job_id: int, session: object = None) -> None:
-        """`session`: jobs of one session share its turn at prefill (None: the job is a session of its own)."""
+    def enqueue(self, job_id: int, session: object = None, background: bool = False) -> None:
+        """`session`: jobs of one session share its turn at prefill (None: the job is a session of its own).
+        `background`: work nobody waits for (a summary written ahead): its prompt runs only while no other prompt
+        does, and in small chunks even alone, so a request that arrives waits at most one small chunk for it."""
         self._queued.append(job_id)
         self._session[job_id] = job_id if session is None else session
+        if background:
+            self._background.add(job_id)
 
     def queued(self) -> list[int]:
         """In arrival order: admission is first come, first served."""
@@ -123,6 +128,7 @@ class BatchScheduler:
 
     def remove(self, job_id: int) -> None:
         self._held.discard(job_id)
+        self._background.discard(job_id)
         self._session.pop(job_id, None)
         # A session's turn outlives its job (its next prompt must not jump the others'); the oldest turns are
         # forgotten past a bound, which changes nothing: forgotten or not, they sort first.
@@ -137,7 +143,8 @@ class BatchScheduler:
     def plan(self) -> StepPlan:
         """What the next step runs (no state changes: call chunk_ran when the chunk ran)."""
         ready = [j for j in self._prefilling if j not in self._held]
+        ready = [j for j in ready if j not in self._background] or ready  # background prompts after every other
         prefill = min(ready, key=lambda j: self._last_chunk.get(self._session.get(j, j), 0), default=None)
         decode = tuple(j for j in self._decoding if j not in self._held)
-        tokens = self.chunk_tokens if decode else self.solo_chunk_tokens
+        tokens = self.chunk_tokens if decode or prefill in self._background else self.solo_chunk_tokens
         return StepPlan(prefill, tokens if prefill is not None else 0, decode)

@@ -135,16 +135,19 @@ class LlmBridge:
         probe_user_end: bool = False,
         constraint: Constraint | None = None,
         tools: ToolAsk | None = None,
+        background: bool = False,
     ) -> LlmCall:
         """Submit a request; iterate the call for its events (in the event loop's thread). `messages`: (role, content)
         pairs, or ChatMessages (a tool call and its result). `constraint`: decode under that grammar. `tools`: unused
-        here (the grammar binds the calls, and the tools are in the prompt's text: voice.tool_turn.with_tools)."""
+        here (the grammar binds the calls, and the tools are in the prompt's text: voice.tool_turn.with_tools).
+        `background`: nobody waits for it (the engine runs its prompt after the others', in small chunks)."""
         request = GenerateRequest(
             session_id=session_id,
             messages=tuple(m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in messages),
             sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens),
             probe_user_end=probe_user_end,
             constraint=constraint,
+            background=background,
         )
         return LlmCall(self.engine, request)
 

@@ -24,7 +24,7 @@ class LlmStage(Protocol):
 
     def generate(self, session_id: str, messages: Sequence[Any], *, max_new_tokens: int, temperature: float = 0.0,
                  seed: int | None = None, probe_user_end: bool = False, constraint: Any = None,
-                 tools: Any = None) -> AsyncIterator[Any]: ...  # fmt: skip
+                 tools: Any = None, background: bool = False) -> AsyncIterator[Any]: ...  # fmt: skip
 
     async def prefill(self, session_id: str, messages: Sequence[tuple[str, str]], *, probe_user_end: bool = False) -> Any: ...
 

@@ -30,7 +30,7 @@ SUMMARY_ASK = (
 
 
 class SummaryLlm(Protocol):
-    def generate(self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int) -> LlmCall: ...
+    def generate(self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int, background: bool) -> LlmCall: ...
 
     def release(self, session_id: str) -> None: ...
 
@@ -95,7 +95,7 @@ class Summariser:
         covers = self.memory.messages[: self.memory.summary_due(AHEAD)]
         text: list[str] = []
         try:
-            self._call = self.llm.generate(self.key, summary_prompt(covers), max_new_tokens=MAX_SUMMARY_TOKENS)
+            self._call = self.llm.generate(self.key, summary_prompt(covers), max_new_tokens=MAX_SUMMARY_TOKENS, background=True)
             if self._replying:  # a reply began before this task ran
                 self._call.hold(True)
             async with aclosing(self._call) as call:

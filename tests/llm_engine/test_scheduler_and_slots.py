@@ -249,3 +249,20 @@ def test_chunks_beside_decoding_are_paced_to_a_time_budget() -> None:
     slow.observe(64, 64 * 100.0)  # whatever the cost, a chunk still makes progress
     assert slow.tokens() == MIN_CHUNK_TOKENS
     assert ChunkPace(150.0, 4).tokens() == 4 and ChunkPace(0.0, 128).tokens() == 128
+
+
+def test_a_background_prompt_runs_after_every_other_and_in_small_chunks_even_alone():
+    s = BatchScheduler(max_batch=4, chunk_tokens=64, solo_chunk_tokens=512)
+    s.enqueue(1, "conv/summary", background=True)
+    s.start(1)
+    assert s.plan() == StepPlan(1, 64, ())  # alone, yet a small chunk: a request arriving waits one chunk at most
+    s.enqueue(2, "conv")
+    s.start(2)
+    assert s.plan() == StepPlan(2, 512, ())  # the user's prompt first, at full size, though the summary's is older
+    s.prefill_done(2)
+    assert s.plan() == StepPlan(1, 64, (2,))  # then the background chunk beside the decode
+    s.remove(1)
+    s.remove(2)
+    s.enqueue(3, "other")
+    s.start(3)
+    assert s.plan() == StepPlan(3, 512, ())  # a foreground prompt alone takes the full chunk again

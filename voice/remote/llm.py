@@ -74,11 +74,11 @@ class RemoteLlm:
     def generate(
         self, session_id: str, messages: Sequence[Any], *, max_new_tokens: int,
         temperature: float = 0.0, seed: int | None = None, probe_user_end: bool = False, constraint: Any = None,
-        tools: ToolAsk | None = None, top_p: float | None = None, stop: Sequence[str] = (),
+        tools: ToolAsk | None = None, top_p: float | None = None, stop: Sequence[str] = (), background: bool = False,
     ) -> RemoteCall:  # fmt: skip
         """`messages`: (role, content) pairs or ChatMessages (a tool round: tool_wire.wire_messages). `tools`: what
         the server may call (passed natively). `constraint` is ignored: the server binds its calls itself.
-        `session_id` "" sends no `user` (a request of no conversation)."""
+        `session_id` "" sends no `user` (a request of no conversation). `background` is the local engine's: ignored."""
         if tools is not None and session_id:
             self._tools[session_id] = tools
         fields = {"top_p": top_p, "stop": list(stop) or None}
