@@ -35,8 +35,10 @@ def write_test_config(root: Path, vad: dict[str, Any] | None = None, more: dict[
         data["max_reply_tokens"] = 36 if name == "assistant" else 20
         path.write_text(yaml.safe_dump(data))
     data = yaml.safe_load((dst / "default.yaml").read_text())
+    # resume_window_s 5: a dropped test client's conversation (and its engine slot) is not held for a minute
     data["server"].update({"port": 0, "trace_log": str(root / "traces.jsonl"), "token": TOKEN, "max_sessions": 4,
-                           "idle_timeout_s": 30, "admit_max_wait_ms": 0, "admit_v2v_ratio": 0, **server})  # fmt: skip
+                           "idle_timeout_s": 30, "admit_max_wait_ms": 0, "admit_v2v_ratio": 0,
+                           "resume_window_s": 5, **server})  # fmt: skip
     data["vad"].update(vad or {})
     data["storage"] = {"url": f"sqlite:///{root / 'conversations.db'}"}
     data["models"]["llm"]["source"] = "embedded-135m"
