@@ -41,8 +41,10 @@ class ParleyProcess:
         argv = [sys.executable, "-m", "cli.main"]
         if self.config:
             argv += ["--config", str(self.config)]
-        # its conversations in a database beside its log, not in the user's own data directory (`sets` may say otherwise)
-        store = (f"storage.url=sqlite:///{self.log_path.parent.resolve() / 'conversations.db'}",) if self.command == "serve" else ()
+        # its conversations in a database beside its log, not in the user's own data directory (unless its config
+        # file or `sets` say where)
+        own = self.config is not None or any(item.startswith("storage.") for item in self.sets) or self.command != "serve"
+        store = () if own else (f"storage.url=sqlite:///{self.log_path.parent.resolve() / 'conversations.db'}",)
         for item in ("server.host=127.0.0.1", f"server.port={self.port}", *store, *self.sets):
             argv += ["--set", item]
         return [*argv, self.command, *self.args]

@@ -306,6 +306,7 @@ class Persona(_Strict):
     # the words that decide an interruption in this persona's conversations (its language): each replaces vad's list
     backchannels: list[str] | None = None
     stop_words: list[str] | None = None
+    memory: bool = False  # remember facts the user states, for their next conversations (voice/user_memory.py)
 
     @field_validator("tools", mode="before")
     @classmethod

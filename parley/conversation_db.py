@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from voice.conversation import ConversationStore, Listed, MemoryStore, Saved, listed
+from voice.facts import MAX_FACT_CHARS, MAX_FACTS, Fact
 from voice.history import Added, Change, Message, Removed, Replaced, Summarised, transcript
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,13 @@ class SqlStore:
             sa.Column("conversation_id", sa.String(64), nullable=False, index=True),
             sa.Column("auth_hash", sa.String(64), nullable=False),
             sa.Column("deadline_s", sa.Float),
+        )  # fmt: skip
+        self.facts_table = sa.Table(
+            "user_facts", meta,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+            sa.Column("owner", sa.String(64), nullable=False, index=True),  # the user's id under its auth token, hashed
+            sa.Column("text", sa.String(MAX_FACT_CHARS * 2), nullable=False),
+            sa.Column("created_s", sa.Float),
         )  # fmt: skip
         self._meta = meta
         self._schema_ready = False  # the tables are made at first use (not here: a server starts with its database down)
@@ -183,6 +191,28 @@ class SqlStore:
         with self._reading() as c:
             row = c.execute(self._sa.select(t).where(t.c.token_hash == digest(token))).first()
         return None if row is None else SavedToken(row.conversation_id, row.auth_hash, row.deadline_s)
+
+    # -- users' facts (voice.user_memory) ----------------------------------------------------------------------
+
+    def facts(self, owner: str) -> Sequence[Fact]:
+        t = self.facts_table
+        with self._reading() as c:
+            rows = c.execute(self._sa.select(t.c.id, t.c.text).where(t.c.owner == owner).order_by(t.c.id)).all()
+        return tuple(Fact(r.id, r.text) for r in rows)
+
+    def remember(self, owner: str, text: str) -> None:
+        t, sa, now = self.facts_table, self._sa, time.time()
+
+        def insert(c: Any) -> None:  # past MAX_FACTS the oldest go
+            c.execute(t.insert().values(owner=owner, text=text, created_s=now))
+            keep = sa.select(t.c.id).where(t.c.owner == owner).order_by(t.c.id.desc()).limit(MAX_FACTS)
+            c.execute(sa.delete(t).where(t.c.owner == owner, t.c.id.not_in(keep.scalar_subquery())))
+
+        self._put(insert)
+
+    def forget_facts(self, owner: str, ids: Sequence[int]) -> None:
+        t, gone = self.facts_table, list(ids)
+        self._put(lambda c: c.execute(self._sa.delete(t).where(t.c.owner == owner, t.c.id.in_(gone))))
 
     # -- the database ----------------------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ def persona_spec(cfg: AppConfig, name: str, support: ToolSupport = NOT_LOADED) -
     return PersonaSpec(
         name=p.name, system_prompt=p.system_prompt, voice=p.voice, greeting=p.greeting,
         speaking_rate=p.speaking_rate, max_reply_tokens=p.max_reply_tokens, temperature=p.temperature,
-        tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why,
+        tools=tools, tool_choice=p.tool_choice, tool_filler=p.tool_filler, tools_why=why, memory=p.memory,
         lexicon=None if p.backchannels is None and p.stop_words is None else Lexicon.of(
             v.backchannels if p.backchannels is None else p.backchannels, v.stop_words if p.stop_words is None else p.stop_words,
             v.thinking),
@@ -413,9 +413,10 @@ def _run_alone(engine: Any, request: Any) -> Any:
 
 
 def warm_grammar(cfg: AppConfig, engine: Any, support: ToolSupport) -> None:
-    """A persona offered tools: the grammar library's view of the tokenizer is built now (~1 s on 2 cores), at load,
-    off the event loop, so the first tool turn does not pay for it (LlmBridge.warm_grammar then finds it)."""
-    if any(offered_entries(p, support)[0] for p in cfg.persona_defs.values()):
+    """A persona offered tools, or one with memory (its facts are read under a grammar): the grammar library's view of
+    the tokenizer is built now (~1 s on 2 cores), at load, off the event loop, so the first tool turn or read does not
+    pay for it (LlmBridge.warm_grammar then finds it)."""
+    if any(p.memory or offered_entries(p, support)[0] for p in cfg.persona_defs.values()):
         from llm_engine import constrain
 
         constrain.warm(engine.tokenizer)

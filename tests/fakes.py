@@ -270,6 +270,7 @@ class Harness(MessageLog):
         personas: dict[str, PersonaSpec] | None = None,
         conversation: Conversation | None = None,
         keep_conversation: bool = False,
+        user: str = "",
         **settings: object,
     ) -> None:
         self.own_engine = engine is None  # stopped at the end; one passed in may serve another harness after
@@ -291,7 +292,7 @@ class Harness(MessageLog):
                     turns=turns or TurnPolicy(detection="fixed"))  # fmt: skip
         self.settings = SessionSettings(**{**base, **settings})  # type: ignore[arg-type]
         self.session = Session("s1", self.stages, self.settings, personas or PERSONAS, persona, on_trace=self.traces.append,
-                               conversation=conversation)  # fmt: skip
+                               conversation=conversation, user=user)  # fmt: skip
         self.messages: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self.audio_ms = 0.0  # audio fed so far (the client's clock)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from voice.history import Change, History, Message, replay, transcript
+from voice.facts import MAX_FACTS, Fact
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._logs: dict[str, list[Change]] = {}
         self._saved: dict[str, Saved] = {}
+        self._facts: dict[str, list[Fact]] = {}  # users' facts (voice.user_memory)
+        self._fact_ids = 0
 
     def append(self, conversation_id: str, change: Change) -> None:
         self._logs.setdefault(conversation_id, []).append(change)
@@ -106,6 +109,17 @@ class MemoryStore:
         if conversation_id not in self._logs and conversation_id not in self._saved:
             return None
         return transcript(self._logs.get(conversation_id, ()))
+
+    def facts(self, owner: str) -> Sequence[Fact]:
+        return tuple(self._facts.get(owner, ()))
+
+    def remember(self, owner: str, text: str) -> None:
+        self._fact_ids += 1
+        kept = [*self._facts.get(owner, ()), Fact(self._fact_ids, text)]
+        self._facts[owner] = kept[-MAX_FACTS:]
+
+    def forget_facts(self, owner: str, ids: Sequence[int]) -> None:
+        self._facts[owner] = [f for f in self._facts.get(owner, ()) if f.id not in ids]
 
     def close(self) -> None:
         pass

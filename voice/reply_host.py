@@ -15,6 +15,7 @@ from voice.history import History
 from voice.outbox import Outbox
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.summary import Summariser
+from voice.user_memory import UserMemory
 from voice.trace import TurnTrace
 from voice.turntaking import Action, TurnTaking
 
@@ -34,6 +35,7 @@ class ReplyHost(Protocol):
     client_tool_choice: str | None  # the client's tool_choice (None: the persona's)
     preempt: FirstPhrases  # the reply's first phrase made in the user's pause, held for the endpoint
     summary: Summariser  # the oldest turns summarised ahead, put in place as a reply ends
+    user_memory: UserMemory  # what it remembers of the user across conversations (a persona's memory: true)
 
     @property
     def persona(self) -> PersonaSpec: ...

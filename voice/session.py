@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import suppress
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,6 +29,8 @@ from voice.outbox import Outbox
 from voice.replies import PLAYED_SLACK_MS, LlmFailed, Replies
 from voice.stages import PersonaSpec, SessionSettings, Stages
 from voice.summary import Summariser
+from voice.facts import FactStore
+from voice.user_memory import UserMemory
 from llm_engine.tool_format import ToolSpec
 from voice.tool_turn import ahead_unfit, with_tools
 from voice.trace import TurnTrace
@@ -38,6 +41,7 @@ from voice.turntaking import Reply as ReplyTo
 
 __all__ = ["InputError", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
+MEMORY_SETTLE_S = 10.0  # a closing session's last turns are read for facts for at most this long (voice.user_memory)
 
 
 class InputError(Exception):
@@ -62,9 +66,11 @@ class Session:
         outbox: Outbox | None = None,
         on_trace: Callable[[TurnTrace], None] = lambda trace: None,
         conversation: Conversation | None = None,
+        user: str = "",
     ) -> None:
         """`conversation`: the one this connection carries on (its id, persona, voice and history win over
-        `session_id`, `persona` and `voice`); None: a new one of its own, that ends with it."""
+        `session_id`, `persona` and `voice`); None: a new one of its own, that ends with it. `user`: who the user
+        is (an owner of facts in the conversation's store, for personas with memory); "" none."""
         settings = replace(settings, turns=self._usable(settings.turns, stages))
         if settings.turns.uses_audio and stages.turn_model is None:
             raise ValueError(f"turn detection {settings.turns.detection!r} needs the audio turn model")
@@ -95,6 +101,8 @@ class Session:
         )  # fmt: skip
         self.replies = Replies(self)
         self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, on=settings.summarise_history)
+        facts = conversation.store if isinstance(conversation.store, FactStore) else None
+        self.user_memory = UserMemory(self.session_id, user, facts, stages.llm, changed=self._memory_changed)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
         self.shell = TurnShell(self)  # runs what turn-taking asks for (voice.turn_shell)
         self._bg: set[asyncio.Task[Any]] = set()
@@ -273,6 +281,7 @@ class Session:
         """Listen until cancelled; replies and the work on each turn run beside the listen loop."""
         async with asyncio.TaskGroup() as tg:
             self.task_group = tg
+            await self.user_memory.load()  # before the first prompt: what it remembers of the user is in it
             if self.settings.warm_prompt:
                 self.rewarm()
             if self.persona.greeting and self.settings.greet:
@@ -295,6 +304,7 @@ class Session:
         self.replies.stop_current()
         self.preempt.close()
         self._early.clear()
+        await self.user_memory.settle(MEMORY_SETTLE_S)
         tasks = [t for t in [*self._bg, self.replies.task] if t is not None]
         for task in tasks:
             task.cancel()
@@ -327,7 +337,10 @@ class Session:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
         llm = self.stages.llm
-        system = with_tools(self.instructions or self.persona.system_prompt, self.persona, self.client_tools, self.client_tool_choice,
+        system = self.instructions or self.persona.system_prompt
+        if self.persona.memory and (remembered := self.user_memory.prompt()):
+            system = f"{system}\n\n{remembered}"
+        system = with_tools(system, self.persona, self.client_tools, self.client_tool_choice,
                             native=llm.native_tools, wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
         return self.memory.prompt(system, user_text, joins)
 
@@ -342,7 +355,12 @@ class Session:
         if self.task_group is None:  # a command that came before run() got going: started by run()
             self._early.append((fn, args))
             return None
-        task = self.task_group.create_task(self._guard(fn, args))
+        guarded = self._guard(fn, args)
+        try:
+            task = self.task_group.create_task(guarded)
+        except RuntimeError:  # the group is finishing (the session closes): nothing starts, nothing left un-awaited
+            guarded.close()
+            raise
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
         return task
@@ -358,6 +376,12 @@ class Session:
     def apply(self, actions: Sequence[Action], typed: TurnTrace | None = None) -> None:
         """Run what turn-taking asked for (voice.turn_shell; also called by voice.replies as replies end)."""
         self.shell.apply(actions, typed)
+
+    def _memory_changed(self) -> None:
+        """A fact the user asked to forget left the system prompt: the new one goes into the cache now."""
+        if self.settings.warm_prompt and self.task_group is not None:
+            with suppress(RuntimeError):  # the session is closing: its next conversation's prompt has it right
+                self.rewarm()
 
     def rewarm(self) -> None:
         """warm_prompt for the prompt as it is now, superseding one not finished yet (its queued prefill is

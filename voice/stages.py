@@ -34,6 +34,7 @@ class PersonaSpec:
     tool_filler: str = "One moment."  # said while a tool takes longer than voice.tool_turn.FILLER_AFTER_S
     tools_why: str = ""  # why these tools (parley.tool_offer): logged once a session
     lexicon: Lexicon | None = None  # the words that decide an interruption, when not the turn policy's
+    memory: bool = False  # remembers facts its user states, across conversations (voice.user_memory)
 
     @property
     def toolbox(self) -> ToolBox:

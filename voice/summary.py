@@ -21,6 +21,9 @@ from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 log = logging.getLogger(__name__)
 AHEAD = 0.75  # of the history's bounds: a summary is written from here on, before the bound would drop the turns
 MAX_SUMMARY_TOKENS = 160
+# a summary grows by the summary of each newer part, its older sentences kept word for word (every pass of a small
+# model over them loses some); past this many characters the whole is summarised again in one pass
+MAX_SUMMARY_CHARS = 1200
 SUMMARY_SYSTEM = "You keep short notes of a spoken conversation between a user and an assistant."
 SUMMARY_ASK = (
     "Summarise the conversation below in at most five short sentences, in the language it is in. Keep every fact the"
@@ -47,6 +50,12 @@ def summary_prompt(messages: Sequence[Message]) -> list[tuple[str, str]]:
     """The request that summarises `messages` (a summary among them is folded in as what came earlier)."""
     lines = [f"Earlier: {text}" if role == SUMMARY else f"{role.capitalize()}: {text}" for role, text in messages]
     return [("system", SUMMARY_SYSTEM), ("user", SUMMARY_ASK + "\n".join(lines))]
+
+
+def whole_sentences(text: str) -> str:
+    """A summary cut at the token limit, up to its last whole sentence (all of it if none ended)."""
+    ends = [i for i, ch in enumerate(text) if ch in ".!?。！？" and (i + 1 == len(text) or text[i + 1].isspace())]
+    return text[: ends[-1] + 1] if ends else text
 
 
 class Summariser:
@@ -93,9 +102,15 @@ class Summariser:
 
     async def _write(self) -> None:
         covers = self.memory.messages[: self.memory.summary_due(AHEAD)]
+        kept = covers[0][1] if covers and covers[0][0] == SUMMARY else ""
+        if kept and len(kept) < MAX_SUMMARY_CHARS:  # the last summary stays as it is; only what came after is new
+            asked, covers_new = summary_prompt(covers[1:]), True
+        else:
+            asked, covers_new = summary_prompt(covers), False
         text: list[str] = []
+        finish = ""
         try:
-            self._call = self.llm.generate(self.key, summary_prompt(covers), max_new_tokens=MAX_SUMMARY_TOKENS, background=True)
+            self._call = self.llm.generate(self.key, asked, max_new_tokens=MAX_SUMMARY_TOKENS, background=True)
             if self._replying:  # a reply began before this task ran
                 self._call.hold(True)
             async with aclosing(self._call) as call:
@@ -106,8 +121,11 @@ class Summariser:
                         log.warning("session %s: the summary failed: %s", self.session_id, event.message)
                         return
                     elif isinstance(event, LlmFinish):
+                        finish = event.reason
                         break
-            summary = "".join(text).strip()
+            summary = whole_sentences("".join(text).strip()) if finish == "length" else "".join(text).strip()
+            if summary and covers_new:
+                summary = f"{kept} {summary}"
             if summary:
                 self.ready, self.written = Summary(tuple(covers), summary), self.written + 1
         finally:

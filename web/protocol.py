@@ -67,6 +67,9 @@ class SessionStart(_Msg):
     voice: Name | None = None
     echo_cancelled: bool = False  # the client takes its own echo out (a browser's AEC): the server's canceller is not run
     resume: str | None = Field(None, max_length=64)  # a dropped connection's resume_token: carry its conversation on
+    # who the client's user is (a random id the client keeps): a persona with `memory: true` remembers them by it,
+    # under the auth token (docs/protocol.md, Memory)
+    user: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
 class InputText(_Msg):

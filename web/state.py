@@ -100,15 +100,16 @@ class AppState:
 
     def open_session(
         self, session_id: str, settings: SessionSettings, persona: str, voice: str | None, *,
-        outbox: Outbox, on_trace: Callable[[TurnTrace], None],
+        outbox: Outbox, on_trace: Callable[[TurnTrace], None], user: str = "",
     ) -> Session:  # fmt: skip
-        """A connection's session over a conversation of its id (new, or one carried on). Raises the session's
-        InputError (an unknown persona or voice) with nothing left behind."""
+        """A connection's session over a conversation of its id (new, or one carried on). `user`: who its user is
+        (voice.user_memory's owner; "" none). Raises the session's InputError (an unknown persona or voice) with
+        nothing left behind."""
         conversation = self.conversations.open(session_id, persona=persona, voice=voice,
                                                max_chars=settings.history_chars, max_messages=settings.history_messages)  # fmt: skip
         try:
             session = Session(session_id, self.stages, settings, self.personas, persona, voice,
-                              outbox=outbox, on_trace=on_trace, conversation=conversation)  # fmt: skip
+                              outbox=outbox, on_trace=on_trace, conversation=conversation, user=user)  # fmt: skip
         except BaseException:
             if not conversation.attached:
                 self.conversations.end(session_id)

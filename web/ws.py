@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 import uuid
@@ -286,7 +287,7 @@ class Connection:
             raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
                                   extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
         session = st.open_session(self.session_id, settings, msg.persona or st.cfg.default_persona, msg.voice,
-                                  outbox=self.outbox, on_trace=self._on_trace)  # fmt: skip
+                                  outbox=self.outbox, on_trace=self._on_trace, user=_owner(self._auth, msg.user))  # fmt: skip
         # (raises InputError for an unknown persona or voice: the client may try again)
         self.session = session
         self.input_rate = msg.sample_rate
@@ -386,3 +387,9 @@ class Connection:
         deadline = time.monotonic() + timeout_s
         while (self.outbox.pending() or self._writing) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+
+
+def _owner(auth: str, user: str | None) -> str:
+    """Whose facts a session's persona remembers (voice.user_memory): the client's user id under its auth token,
+    hashed; "" when the client names no user (nobody to remember)."""
+    return "" if user is None else hashlib.sha256(f"{auth}\n{user}".encode()).hexdigest()

@@ -121,3 +121,24 @@ def test_a_database_an_older_parley_made_gains_the_new_columns_and_keeps_its_row
     store.end("c1")
     assert [(c.id, c.started_s, c.ended_s is not None) for c in store.listing(5)] == [("c1", None, True)]
     store.close()
+
+
+def test_a_users_facts_outlive_the_store_are_kept_per_user_and_forgotten_by_id(url: str) -> None:
+    from voice.facts import MAX_FACTS
+
+    store = SqlStore(url)
+    store.remember("ana", "The user's name is Ana.")
+    store.remember("ana", "The user is vegetarian.")
+    store.remember("bo", "The user's name is Bo.")
+    store.close()
+    again = SqlStore(url)
+    facts = again.facts("ana")
+    assert [f.text for f in facts] == ["The user's name is Ana.", "The user is vegetarian."]
+    again.forget_facts("ana", [facts[0].id])
+    assert [f.text for f in again.facts("ana")] == ["The user is vegetarian."]
+    assert [f.text for f in again.facts("bo")] == ["The user's name is Bo."]  # another user's are theirs
+    for i in range(MAX_FACTS + 3):
+        again.remember("bo", f"fact {i}")
+    bo = [f.text for f in again.facts("bo")]
+    assert len(bo) == MAX_FACTS and bo[-1] == f"fact {MAX_FACTS + 2}"  # the oldest went
+    again.close()

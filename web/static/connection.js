@@ -1,6 +1,7 @@
 // The /ws link: opens it, sends session.start, splits JSON from binary audio, reconnects with backoff.
 // Knows the protocol's framing only; what messages mean is app.js's business.
 import { backoffMs, parseAudioFrame, sessionStart, wantedAfter } from "./protocol.js";
+import { userId } from "./prefs.js";
 
 // Close codes the server may use for "no room now" (1013 Try Again Later) and policy refusals.
 const CLOSE_TRY_AGAIN = 1013;
@@ -55,7 +56,7 @@ export class Connection extends EventTarget {
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     this.emit("status", { phase: "connecting", attempt: this.attempt });
-    ws.onopen = () => ws.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken)));
+    ws.onopen = () => ws.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken, userId())));
     ws.onmessage = (ev) => this.onMessage(ev.data);
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;

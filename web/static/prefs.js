@@ -19,3 +19,18 @@ export function remember(persona, voice) {
     // private mode may forbid storage; the choice then lasts for this page only
   }
 }
+
+// Who this browser's user is: a random id kept here, sent in session.start, so that a persona with memory
+// remembers them in their next conversations (docs/protocol.md, Memory). null where storage is blocked.
+export function userId() {
+  try {
+    let id = localStorage.getItem("parley.user");
+    if (!id) {
+      id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+      localStorage.setItem("parley.user", id);
+    }
+    return id;
+  } catch {
+    return null;
+  }
+}

@@ -10,12 +10,13 @@ export const AUDIO_HEADER_BYTES = 8;
 // Stage order of the turn trace (docs/protocol.md, Turn trace); the headline comes last.
 export const STAGES = ["endpointing", "asr", "llm_ttft", "phrase", "tts", "send", "voice_to_voice"];
 
-export function sessionStart({ persona = null, voice = null } = {}, resume = null) {
+export function sessionStart({ persona = null, voice = null } = {}, resume = null, user = null) {
   // echo_cancelled: the microphone is opened with the browser's own echo canceller (mic.js)
   const msg = { type: "session.start", protocol: PROTOCOL_VERSION, sample_rate: MIC_SAMPLE_RATE, echo_cancelled: true };
   if (persona) msg.persona = persona;
   if (voice) msg.voice = voice;
   if (resume) msg.resume = resume; // a dropped connection's token: the server carries its conversation on
+  if (user) msg.user = user; // who remembers what (a persona with memory)
   return msg;
 }
 

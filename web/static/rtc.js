@@ -3,6 +3,7 @@
 // app.js does not care which it has; when WebRTC cannot connect it becomes that socket Connection itself.
 import { Connection } from "./connection.js";
 import { sessionStart, wantedAfter } from "./protocol.js";
+import { userId } from "./prefs.js";
 
 const CONNECT_TIMEOUT_MS = 10000; // offer, ICE and the data channel; past it the socket is used instead
 const GATHER_TIMEOUT_MS = 3000; // host candidates come at once; a slow interface is not waited for
@@ -79,7 +80,7 @@ export class RtcConnection extends EventTarget {
     pc.ontrack = (ev) => this.play(ev.streams[0] || new MediaStream([ev.track]));
     const channel = pc.createDataChannel("parley");
     this.channel = channel;
-    channel.onopen = () => channel.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken)));
+    channel.onopen = () => channel.send(JSON.stringify(sessionStart(this.wanted, this.resumeToken, userId())));
     channel.onmessage = (ev) => this.onMessage(ev.data);
     channel.onclose = () => this.closed();
     pc.onconnectionstatechange = () => {
