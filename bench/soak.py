@@ -197,6 +197,33 @@ async def bystander_beside(server: str, token: str | None, attack: str, question
     return [attack, what, f"{1000 * a:.0f}", f"{1000 * b:.0f}", f"{b / a:.1f}x", len(dropped)]
 
 
+async def drops(server: str, token: str | None, n: int, restart: Any = None) -> dict[str, Any]:
+    """One conversation whose connection drops `n` times (the socket cut, no close frame) and reconnects with its
+    resume token; with `restart` (a callable that restarts the server) the last drop is a server restart instead.
+    -> reconnects, how many carried the conversation on, resume time (reconnect to session.ready) and whether the
+    fact said before the first drop was still known after the last."""
+    resumed, times_ms = 0, []
+    async with Talker(server, token) as t:
+        assert t.conn is not None
+        await t.typed(FACT)
+        for i in range(n):
+            if restart is not None and i == n - 1:
+                await asyncio.to_thread(restart)
+            else:
+                t.conn._ws.transport.abort()  # the network goes: the server sees no close frame
+            if t._reader is not None:
+                await asyncio.wait({t._reader}, timeout=10)
+            t0 = time.monotonic()
+            await t.conn.open("concise", None)
+            times_ms.append(1000 * (time.monotonic() - t0))
+            resumed += t.conn.resumed
+            t.events.clear()
+            t._reader = asyncio.create_task(t._read())
+        answer = (await t.typed(FACT_QUESTION))["text"]
+    return {"reconnects": n, "resumed": resumed, "resume_ms_p50": _stats.percentile(times_ms, 50),
+            "resume_ms_p95": _stats.percentile(times_ms, 95), "answer": answer, "right": FACT_ANSWER in answer.lower()}
+
+
 async def churn(server: str, token: str | None, cycles: int) -> float:
     t0 = time.monotonic()
     for _ in range(cycles):
@@ -216,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--tiny", action="store_true", help="4 turns, 5 cycles, no abuse: a smoke test")
     p.add_argument("--no-abuse", action="store_true", help="skip the history bomb and the audio flood")
+    p.add_argument("--drops", type=int, default=10, help="times one conversation's socket is cut and resumed (0: none)")
+    p.add_argument("--restart", action="store_true", help="the last drop is a restart of the server (SIGTERM)")
     args = p.parse_args(argv)
     if args.tiny:
-        args.turns, args.window, args.cycles = 4, 2, 5
+        args.turns, args.window, args.cycles, args.drops = 4, 2, 5, 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the message rate limit raised so that the history bomb is paced by itself (20 a second), as found
@@ -252,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"meanwhile the bystander asked {len(bomb['bystander_ttft_ms'])} times, llm_ttft median "
                   f"{_stats.fmt_ms(_stats.percentile(ttft, 50))} ms, max {_stats.fmt_ms(max(ttft, default=None))} ms "
                   f"(alone {_stats.fmt_ms(bomb['alone_ttft_ms'])} ms)")  # fmt: skip
+        if args.drops:
+            restart = (lambda: (server.stop(), server.start())) if server is not None and args.restart else None
+            dropped = asyncio.run(drops(url, args.token, args.drops, restart))
+            print(f"\n{args.drops} drops{' (the last a server restart)' if restart else ''}: {dropped['resumed']} resumed, "
+                  f"resume p50 {_stats.fmt_ms(dropped['resume_ms_p50'])} ms, p95 {_stats.fmt_ms(dropped['resume_ms_p95'])} ms; "
+                  f"asked after them {FACT_QUESTION!r}: {dropped['answer']!r}")  # fmt: skip
+            result["drops"] = dropped
         per_cycle = asyncio.run(churn(url, args.token, args.cycles))
         print(f"\n{args.cycles} connect/disconnect cycles: {1000 * per_cycle:.0f} ms each")
         result["cycle_ms"] = round(1000 * per_cycle, 1)

@@ -221,6 +221,10 @@ class History:
         self._sink(Summarised(stop, text))
         self._moved(0, stop, 1)
 
+    def prompt_summarised(self, system: str, stop: int, text: str) -> list[Message]:
+        """The prompt as it will be once messages[:stop] gave way to their summary `text` (to compute it ahead)."""
+        return History(self.max_chars, self.max_messages, messages=[(SUMMARY, text), *self._messages[stop:]]).prompt(system)
+
     def cut_point(self, keep_chars: int) -> int:
         """Where a cut begins that keeps about `keep_chars` of the newest messages (and at most half of
         max_messages), moved on to a user message."""

@@ -100,7 +100,8 @@ class Session:
             busy=lambda: self.preempt.busy(), frontend=self._frontend(settings, stages),
         )  # fmt: skip
         self.replies = Replies(self)
-        self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, on=settings.summarise_history)
+        self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, self.system_prompt,
+                                  on=settings.summarise_history)  # fmt: skip
         facts = conversation.store if isinstance(conversation.store, FactStore) else None
         self.user_memory = UserMemory(self.session_id, user, facts, stages.llm, changed=self._memory_changed)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
@@ -313,6 +314,7 @@ class Session:
             await asyncio.wait(pending, timeout=5.0)
         self.replies.close()
         self.conversation.detach(self.persona_name, self.voice_override, self.turns.last_turn)
+        await asyncio.to_thread(self.stages.llm.release, self.summary.key)  # its side slot (the next prompt's keys)
         if not keep:
             await asyncio.to_thread(self.stages.llm.release, self.session_id)
 
@@ -336,13 +338,16 @@ class Session:
     def messages(self, user_text: str | None = None, joins: int | None = None) -> list[tuple[str, str]]:
         """The prompt: system, history, the user's text. `joins`: the turn this one continues, whose exchange
         (its user message, and what was heard of its reply) the joined request replaces."""
+        return self.memory.prompt(self.system_prompt(), user_text, joins)
+
+    def system_prompt(self) -> str:
+        """The persona's (or the client's) instructions, what it remembers of the user, its tools."""
         llm = self.stages.llm
         system = self.instructions or self.persona.system_prompt
         if self.persona.memory and (remembered := self.user_memory.prompt()):
             system = f"{system}\n\n{remembered}"
-        system = with_tools(system, self.persona, self.client_tools, self.client_tool_choice,
-                            native=llm.native_tools, wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
-        return self.memory.prompt(system, user_text, joins)
+        return with_tools(system, self.persona, self.client_tools, self.client_tool_choice,
+                          native=llm.native_tools, wording=lambda text, tools: llm.system_with_tools(text, tools))  # fmt: skip
 
     def tools_unfit_ahead(self) -> str | None:
         """Why a reply's first phrase may not be made in the pause, for its tools (voice.tool_turn.ahead_unfit)."""

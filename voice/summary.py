@@ -60,8 +60,10 @@ def whole_sentences(text: str) -> str:
 
 class Summariser:
     def __init__(
-        self, session_id: str, memory: History, llm: SummaryLlm, spawn: Callable[..., asyncio.Task[None] | None], *, on: bool = True,
+        self, session_id: str, memory: History, llm: SummaryLlm, spawn: Callable[..., asyncio.Task[None] | None],
+        system: Callable[[], str], *, on: bool = True,
     ) -> None:  # fmt: skip
+        self.system = system  # the session's system prompt now (the prompt to come is computed ahead with it)
         self.on = on  # off: the history's bound drops the oldest turns (voice.history.trim)
         self.key = f"{session_id}/summary"  # a slot of its own: the conversation's cached prompt stays where it is
         self.session_id = session_id
@@ -70,7 +72,6 @@ class Summariser:
         self._call: LlmCall | None = None
         self._task: asyncio.Task[None] | None = None
         self._replying = False  # a reply of the session runs (between reply_started and go_on)
-        self.written = 0  # summaries written (the bench's and the trace's count)
 
     def reply_started(self) -> None:
         """A reply runs: the summary waits for it (its steps paused; its place and cache kept)."""
@@ -126,8 +127,23 @@ class Summariser:
             summary = whole_sentences("".join(text).strip()) if finish == "length" else "".join(text).strip()
             if summary and covers_new:
                 summary = f"{kept} {summary}"
-            if summary:
-                self.ready, self.written = Summary(tuple(covers), summary), self.written + 1
+            if summary and await self._compute(self.memory.prompt_summarised(self.system(), len(covers), summary)):
+                self.ready = Summary(tuple(covers), summary)
         finally:
             self._call = self._task = None
-            await asyncio.to_thread(self.llm.release, self.key)
+
+    async def _compute(self, prompt: list[tuple[str, str]]) -> bool:
+        """The prompt to come into the side slot, ahead: once the summary is in place, the conversation's next
+        request copies these keys and values from it (the engine's prefix cache across slots) instead of computing
+        a thousand tokens while the user waits. The slot stays filled (an idle slot is the engine's to evict).
+        -> whether it finished."""
+        self._call = self.llm.generate(self.key, prompt, max_new_tokens=0, background=True)
+        if self._replying:
+            self._call.hold(True)
+        async with aclosing(self._call) as call:
+            async for event in call:
+                if isinstance(event, LlmError):
+                    return False
+                if isinstance(event, LlmFinish):
+                    return event.reason != "cancelled"
+        return False

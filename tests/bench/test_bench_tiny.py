@@ -166,7 +166,8 @@ def test_turns_tiny(tmp_path: Path) -> None:
 
 
 def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
-    """bench/soak.py's smoke form against the shared server: a short conversation and a few connect cycles."""
+    """bench/soak.py's smoke form against the shared server: a short conversation, two drops resumed, and a few
+    connect cycles."""
     out = tmp_path / "soak.json"
     proc = run_script("soak", "--tiny", "--server", real_server.url, "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -174,6 +175,8 @@ def test_soak_tiny(real_server: ParleyProcess, tmp_path: Path) -> None:
     assert [row[0] for row in result["conversation"]] == ["1-2", "3-4"]
     assert all(float(row[1]) > 0 for row in result["conversation"]) and result["cycle_ms"] > 0
     assert "connect/disconnect cycles" in proc.stdout
+    assert result["drops"]["reconnects"] == result["drops"]["resumed"] == 2  # each cut socket carried it on
+    assert result["recall"]["answer"]  # the last turn asked back what turn 3 said (whether right is the model's)
 
 
 def test_voice_asr_batch_tiny() -> None:

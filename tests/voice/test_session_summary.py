@@ -24,7 +24,7 @@ async def test_a_long_conversation_summarises_its_oldest_turns_instead_of_droppi
         assert all(c["summarised_messages"] >= 2 for c in contexts)
         # the next summary adds the newer part's to the last one, kept word for word (no second pass over it)
         assert [c["summary"] for c in contexts[:2]] == ["Noted, thank you.", "Noted, thank you. Noted, thank you."]
-        asks = [(r, s) for r, s in zip(engine.requests, engine.streams) if r.session_id == "s1/summary"]
+        asks = [(r, s) for r, s in zip(engine.requests, engine.streams) if r.session_id == "s1/summary" and r.sampling.max_new_tokens]
         assert len(asks) >= 2 and FACT in asks[0][0].messages[-1].content
         assert "Earlier:" not in asks[1][0].messages[-1].content and FACT not in asks[1][0].messages[-1].content
         # a reply began while one was being written: it was held (the fake engine runs it on regardless)
@@ -38,7 +38,11 @@ async def test_a_long_conversation_summarises_its_oldest_turns_instead_of_droppi
         async with asyncio.timeout(10):  # the shorter prompt is back in the conversation's slot before the next turn
             while engine.slots.get("s1") != prompt:
                 await asyncio.sleep(0.005)
-        assert "s1/summary" not in engine.slots  # the side slot is freed after each summary
+        # the prompt each summary makes was computed ahead in the side slot, for the next request to copy
+        ahead = [r for r in engine.requests if r.session_id == "s1/summary" and r.sampling.max_new_tokens == 0]
+        assert len(ahead) >= len(contexts) and all(r.background for r in ahead)
+        assert ahead[0].messages[0].content.endswith(f"(a summary): {contexts[0]['summary']}")
+    assert "s1/summary" not in engine.slots  # its side slot goes with the session
 
 
 async def test_with_summaries_off_the_bound_drops_the_oldest_turns() -> None:
