@@ -115,7 +115,10 @@ class UserMemory:
     async def load(self) -> None:
         if self.on:
             assert self.store is not None
-            self.facts = self.shown = tuple(await asyncio.to_thread(self.store.facts, self.owner))
+            try:
+                self.facts = self.shown = tuple(await asyncio.to_thread(self.store.facts, self.owner))
+            except Exception as exc:  # the database is down: this conversation remembers nothing, and goes on
+                log.error("user memory: the user's facts could not be read: %r", exc)
 
     def prompt(self) -> str:
         return memory_prompt(self.shown)
@@ -144,7 +147,7 @@ class UserMemory:
                 said, reply = self._queued.pop(0)
                 try:
                     await self._read(said, reply)
-                except (OSError, RuntimeError, ValueError) as exc:  # a stage or the store failed: this turn is not read
+                except Exception as exc:  # a stage or the database failed: this turn is not read, the session goes on
                     log.warning("user memory: a turn was not read: %r", exc)
         finally:
             self._task = None
