@@ -2,14 +2,11 @@
 and goes on with the same history, turn ids and engine slot; its history is an append-only log a store replays."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
 
 from fakes import FakeEngine, Harness
 from voice.conversation import AlreadyAttached, Conversations, MemoryStore
-from voice.history import Added, History, Removed, Replaced, replay
+from voice.history import replay
 
 
 async def test_a_conversation_survives_detach_and_attach() -> None:
@@ -57,36 +54,3 @@ def test_a_conversation_resumes_from_its_store_and_an_ended_one_is_gone() -> Non
     assert (again.persona, again.voice, again.last_turn) == ("assistant", "kal", 4)  # as saved, not as asked
     old.end("c3")
     assert old.get("c3") is None and store.load("c3") == ()
-
-
-@dataclass
-class Said:
-    turn_id: int
-    text: str
-    played_ms: float = 0.0
-
-    @property
-    def sent_ms(self) -> float:
-        return 100.0 * len(self.text.split())
-
-    def spoken(self, heard_ms: float | None = None) -> str:
-        ms = self.played_ms if heard_ms is None else heard_ms
-        words = self.text.split()
-        return " ".join(words[: len(words) if math.isinf(ms) else int(ms // 100)])
-
-
-def test_every_change_of_the_history_is_logged_and_the_log_replays_it() -> None:
-    log: list[object] = []
-    h = History(max_chars=120, max_messages=100, sink=log.append)
-    for turn in range(1, 6):
-        h.add_user(f"question number {turn} about something", voice_turn=turn)
-        h.add_reply(Said(turn, "one two three four five six"), "one two three four five six", interrupted=turn == 5)
-        h.trim()
-    h.correct(5, 300.0)  # a late mark: the interrupted reply keeps what played
-    h.truncate(5, 200.0, spoken=True, slack_ms=0.0)
-    h.add_user("more", voice_turn=6)
-    h.drop_joined(6)
-    h.add("tool", "{}")
-    assert h.pop_last() == ("tool", "{}")
-    assert {type(c) for c in log} == {Added, Replaced, Removed}
-    assert replay(log) == list(h.messages)  # type: ignore[arg-type]

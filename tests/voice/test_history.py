@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from voice.history import History, replay, reply_content, transcript
+from voice.history import Added, History, Removed, Replaced, replay, reply_content, transcript
 
 
 @dataclass
@@ -105,3 +105,20 @@ def test_a_transcript_keeps_what_trims_and_joins_took_out_of_the_prompt() -> Non
     assert [t for _, t in said][:2] == ["question 1", "answer number 1"]  # trimmed out of the prompt, still said
     assert ("assistant", "answer") in said and ("assistant", "answer number 5") not in said
     assert said[-1] == ("user", "and then") and len(said) == 11
+
+
+def test_every_change_of_the_history_is_logged_and_the_log_replays_it() -> None:
+    log: list[object] = []
+    h = History(max_chars=120, max_messages=100, sink=log.append)
+    for turn in range(1, 6):
+        h.add_user(f"question number {turn} about something", voice_turn=turn)
+        h.add_reply(Said(turn, "one two three four five six"), "one two three four five six", interrupted=turn == 5)
+        h.trim()
+    h.correct(5, 300.0)  # a late mark: the interrupted reply keeps what played
+    h.truncate(5, 200.0, spoken=True, slack_ms=0.0)
+    h.add_user("more", voice_turn=6)
+    h.drop_joined(6)
+    h.add("tool", "{}")
+    assert h.pop_last() == ("tool", "{}")
+    assert {type(c) for c in log} == {Added, Replaced, Removed}
+    assert replay(log) == list(h.messages)  # type: ignore[arg-type]
