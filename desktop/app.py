@@ -39,6 +39,7 @@ class ClientOptions:
     max_prebuffer_ms: float = 200.0  # each underrun raises the target 20 ms, up to this (desktop/jitter.py)
     mark_interval_ms: float = 250.0
     reconnect_for_s: float = 120.0  # give up when a lost server has not come back for this long
+    user: str | None = None  # the id a persona with memory remembers this user by (desktop/main.py keeps one)
 
 
 @dataclass
@@ -66,7 +67,8 @@ class DesktopClient:
         self.sent_ms = 0.0  # microphone audio sent in this session: the server's audio clock (its events' t_ms)
         self.events: list[dict[str, Any]] = []  # every server text message, for tests and debugging
         self.ready = asyncio.Event()
-        self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE, echo_cancelled=self.echo.mode != "off")
+        self._conn = Connection(opts.url, opts.token, sample_rate=SEND_RATE, echo_cancelled=self.echo.mode != "off",
+                                user=opts.user)  # fmt: skip
         self._mic = _Mic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()

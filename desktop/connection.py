@@ -74,8 +74,9 @@ class Connection:
     """Open with `open()`; then `send_*` and `recv()` until ConnectionLost; `close()` any time."""
 
     def __init__(self, url: str, token: str | None, *, sample_rate: int = 16000,
-                 open_timeout_s: float = 10.0, echo_cancelled: bool = False) -> None:
+                 open_timeout_s: float = 10.0, echo_cancelled: bool = False, user: str | None = None) -> None:
         self.echo_cancelled = echo_cancelled  # told the server: it then runs no echo canceller of its own
+        self.user = user  # who the user is, for a persona with memory (docs/protocol.md, Memory)
         self.url = url
         self.token = token
         self.sample_rate = sample_rate
@@ -104,7 +105,8 @@ class Connection:
                                "is `parley serve` running? Use --server HOST:PORT", retry=True) from None
         self._ws = ws
         start = SessionStart(type="session.start", protocol=PROTOCOL_VERSION, sample_rate=self.sample_rate,
-                             persona=persona, voice=voice, echo_cancelled=self.echo_cancelled, resume=self.resume_token)
+                             persona=persona, voice=voice, echo_cancelled=self.echo_cancelled, resume=self.resume_token,
+                             user=self.user)
         try:
             # A refused session (wrong token) may already be closing; its reason is still readable.
             with contextlib.suppress(ConnectionClosed):

@@ -11,6 +11,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Literal
 
 from parley.config import AppConfig
@@ -82,12 +83,29 @@ def main(cfg: AppConfig, rest_args: Sequence[str]) -> int:
         print(f"parley client: {exc}", file=sys.stderr)
         return 1
     opts = ClientOptions(url=url, token=args.token, persona=args.persona, voice=args.voice,
-                         push_to_talk=args.push_to_talk, echo=echo)
+                         push_to_talk=args.push_to_talk, echo=echo, user=_user_id())
     client = DesktopClient(opts, audio)
     try:
         return asyncio.run(run_with_terminal(client))
     except KeyboardInterrupt:
         return 0
+
+
+def _user_id() -> str | None:
+    """This computer's user, as a persona with memory knows them: a random id made once, kept in the user's config
+    directory (None where it cannot be kept: nothing is remembered)."""
+    import secrets
+
+    from platformdirs import user_config_dir
+
+    path = Path(user_config_dir("parley")) / "user-id"
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_hex(12))
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> list[signal.Signals]:

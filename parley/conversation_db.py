@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from voice.conversation import ConversationStore, Listed, MemoryStore, Saved, listed
+from voice.conversation import ConversationStore, Listed, MemoryStore, Saved, TurnSummary, listed
 from voice.facts import MAX_FACT_CHARS, MAX_FACTS, Fact
 from voice.history import Added, Change, Message, Removed, Replaced, Summarised, transcript
 
@@ -74,6 +74,16 @@ class SqlStore:
             sa.Column("conversation_id", sa.String(64), nullable=False, index=True),
             sa.Column("auth_hash", sa.String(64), nullable=False),
             sa.Column("deadline_s", sa.Float),
+        )  # fmt: skip
+        self.turns_table = sa.Table(
+            "turns", meta,
+            sa.Column("conversation_id", sa.String(64), primary_key=True),
+            sa.Column("turn_id", sa.Integer, primary_key=True),
+            sa.Column("at_s", sa.Float, nullable=False),
+            sa.Column("input", sa.String(16)),
+            sa.Column("voice_to_voice_ms", sa.Float),
+            sa.Column("llm_ttft_ms", sa.Float),
+            sa.Column("over_budget", sa.String(200)),  # stage names, comma-separated
         )  # fmt: skip
         self.facts_table = sa.Table(
             "user_facts", meta,
@@ -141,7 +151,7 @@ class SqlStore:
         sa = self._sa
 
         def delete(c: Any) -> None:
-            for table in (self.changes, self.tokens):
+            for table in (self.changes, self.tokens, self.turns_table):
                 c.execute(sa.delete(table).where(table.c.conversation_id == conversation_id))
             c.execute(sa.delete(self.conversations).where(self.conversations.c.id == conversation_id))
 
@@ -191,6 +201,27 @@ class SqlStore:
         with self._reading() as c:
             row = c.execute(self._sa.select(t).where(t.c.token_hash == digest(token))).first()
         return None if row is None else SavedToken(row.conversation_id, row.auth_hash, row.deadline_s)
+
+    # -- its turns' summaries -----------------------------------------------------------------------------------
+
+    def record_turn(self, conversation_id: str, turn: TurnSummary) -> None:
+        row = {"conversation_id": conversation_id, "turn_id": turn.turn_id, "at_s": turn.at_s, "input": turn.input[:16],
+               "voice_to_voice_ms": turn.voice_to_voice_ms, "llm_ttft_ms": turn.llm_ttft_ms,
+               "over_budget": ",".join(turn.over_budget)[:200]}  # fmt: skip
+        t, sa = self.turns_table, self._sa
+
+        def upsert(c: Any) -> None:  # a turn id again (a joined request's reply): the later trace
+            c.execute(sa.delete(t).where(t.c.conversation_id == conversation_id, t.c.turn_id == turn.turn_id))
+            c.execute(t.insert().values(**row))
+
+        self._put(upsert)
+
+    def turns(self, conversation_id: str) -> Sequence[TurnSummary]:
+        t = self.turns_table
+        with self._reading() as c:
+            rows = c.execute(self._sa.select(t).where(t.c.conversation_id == conversation_id).order_by(t.c.turn_id)).all()
+        return tuple(TurnSummary(r.turn_id, r.at_s, r.input or "", r.voice_to_voice_ms, r.llm_ttft_ms,
+                                 tuple(x for x in (r.over_budget or "").split(",") if x)) for r in rows)  # fmt: skip
 
     # -- users' facts (voice.user_memory) ----------------------------------------------------------------------
 

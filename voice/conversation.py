@@ -39,6 +39,18 @@ class Listed:
     ended_s: float | None = None  # None: open (carried by a connection, or held for a reconnect)
 
 
+@dataclass(frozen=True)
+class TurnSummary:
+    """What a finished turn's trace says in brief, kept beside the transcript (the whole trace is in the trace log)."""
+
+    turn_id: int
+    at_s: float  # wall-clock time it ended
+    input: str  # voice | text | greeting ...
+    voice_to_voice_ms: float | None
+    llm_ttft_ms: float | None
+    over_budget: tuple[str, ...] = ()
+
+
 class ConversationStore(Protocol):
     """Where conversations live: the history's changes appended as they happen, their own state saved as turns
     start, both read back to resume. Writes must not block (a database store queues them); reads may."""
@@ -63,6 +75,12 @@ class ConversationStore(Protocol):
         """The newest `limit` conversations it keeps, newest first (a read that may wait)."""
         ...
 
+    def record_turn(self, conversation_id: str, turn: TurnSummary) -> None: ...
+
+    def turns(self, conversation_id: str) -> Sequence[TurnSummary]:
+        """Its turns' summaries, in order (a read that may wait)."""
+        ...
+
     def transcript(self, conversation_id: str) -> Sequence[Message] | None:
         """Everything said in it, trimmed messages included; None when it keeps no such conversation."""
         ...
@@ -79,6 +97,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._logs: dict[str, list[Change]] = {}
         self._saved: dict[str, Saved] = {}
+        self._turns: dict[str, list[TurnSummary]] = {}
         self._facts: dict[str, list[Fact]] = {}  # users' facts (voice.user_memory)
         self._fact_ids = 0
 
@@ -100,6 +119,13 @@ class MemoryStore:
     def forget(self, conversation_id: str) -> None:
         self._logs.pop(conversation_id, None)
         self._saved.pop(conversation_id, None)
+        self._turns.pop(conversation_id, None)
+
+    def record_turn(self, conversation_id: str, turn: TurnSummary) -> None:
+        self._turns.setdefault(conversation_id, []).append(turn)
+
+    def turns(self, conversation_id: str) -> Sequence[TurnSummary]:
+        return tuple(self._turns.get(conversation_id, ()))
 
     def listing(self, limit: int) -> Sequence[Listed]:
         ids = list(dict.fromkeys([*self._logs, *self._saved]))[::-1][:limit]

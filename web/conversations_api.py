@@ -42,9 +42,11 @@ def mount(app: FastAPI, state: AppState) -> None:
         said = await read("transcript", store.transcript, conversation_id)
         if said is None:
             return _error(404, "not_found", f"no conversation {conversation_id!r} is kept here")
+        turns = await read("turns", store.turns, conversation_id)
         open_ = state.conversations.get(conversation_id)
         return JSONResponse({"id": conversation_id, "open": open_ is not None,
-                             "messages": [{"role": role, "content": text} for role, text in said]})  # fmt: skip
+                             "messages": [{"role": role, "content": text} for role, text in said],
+                             "turns": [dataclasses.asdict(t) for t in turns]})  # fmt: skip
 
     @app.delete("/api/conversations/{conversation_id}")
     async def forget(conversation_id: str) -> JSONResponse:

@@ -13,7 +13,7 @@ from parley import runtime as rt
 from parley.conversation_db import SqlStore, digest
 from parley.config import AppConfig
 from parley.thread_budget import available_cores
-from voice.conversation import Conversations
+from voice.conversation import Conversations, TurnSummary
 from voice.outbox import Outbox
 from voice.session import Session
 from voice.stages import PersonaSpec, SessionSettings, Stages
@@ -95,8 +95,13 @@ class AppState:
 
     def record_turn(self, trace: TurnTrace) -> None:
         """A finished turn: /metrics, /api/traces and the trace log, and its spans when export is on."""
-        self.metrics.record_trace(trace.to_dict())
+        body = trace.to_dict()
+        self.metrics.record_trace(body)
         self.telemetry.turn(trace)
+        stages = body["stages_ms"]  # its summary beside the transcript (queued: the database's writer does it)
+        self.conversations.store.record_turn(trace.session_id, TurnSummary(
+            trace.turn_id, time.time(), str(body.get("input", "")), stages.get("voice_to_voice"), stages.get("llm_ttft"),
+            tuple(body["over_budget"])))  # fmt: skip
 
     def open_session(
         self, session_id: str, settings: SessionSettings, persona: str, voice: str | None, *,

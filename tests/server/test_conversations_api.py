@@ -28,7 +28,11 @@ async def test_a_conversation_is_listed_read_back_and_forgotten(live_server) -> 
             answer = await c.wait_for("response.done", n=2)
             listed = await _listed(http, sid)
             assert listed["open"] and listed["ended_s"] is None and listed["first_words"] == QUESTION
-            said = (await http.get(f"/api/conversations/{sid}")).json()["messages"]
+            await c.wait_for("turn.trace", turn_id=answer["turn_id"])  # recorded as the trace goes out
+            read = (await http.get(f"/api/conversations/{sid}")).json()
+            said = read["messages"]
+            turns = {t["turn_id"]: t for t in read["turns"]}  # each finished turn's trace, in brief
+            assert turns[answer["turn_id"]]["input"] == "text" and turns[answer["turn_id"]]["llm_ttft_ms"] > 0
             assert said == [{"role": "assistant", "content": greeting["text"]}, {"role": "user", "content": QUESTION},
                             {"role": "assistant", "content": answer["text"]}]  # fmt: skip
             refused = await http.delete(f"/api/conversations/{sid}")

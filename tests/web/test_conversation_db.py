@@ -12,7 +12,7 @@ import pytest
 
 from parley.conversation_db import SqlStore, digest, open_store
 from support.postgres import postgres_server
-from voice.conversation import Conversations, Saved
+from voice.conversation import Conversations, Saved, TurnSummary
 from voice.history import replay
 
 
@@ -75,8 +75,11 @@ def test_an_ended_conversation_keeps_its_transcript_until_it_is_forgotten(url: s
     assert listed[1].first_words.endswith("…") and len(listed[1].first_words) <= 80
     assert store.transcript("old") == [("user", "What is the capital of France?"), ("assistant", "Paris."), ("user", "Thanks.")]
     assert store.find_token("tok-old") is None  # ended: nothing to resume
+    store.record_turn("old", TurnSummary(1, 5.0, "text", None, 180.5, ("llm_ttft",)))
+    store.record_turn("old", TurnSummary(1, 6.0, "voice", 310.0, 120.0))  # the same turn again: the later trace
+    assert store.turns("old") == (TurnSummary(1, 6.0, "voice", 310.0, 120.0),)
     convs.forget("old")
-    assert store.transcript("old") is None and [c.id for c in store.listing(10)] == ["new"]
+    assert store.transcript("old") is None and [c.id for c in store.listing(10)] == ["new"] and store.turns("old") == ()
     assert store.transcript("nobody") is None
     store.close()
 
