@@ -257,10 +257,10 @@ def test_phone_screen_fits_and_keyboard_reaches_every_control(launch, mock) -> N
         assert page.get_by_label(label).count() == 1
     order = []
     page.focus("body")
-    for _ in range(7):
+    for _ in range(8):
         page.keyboard.press("Tab")
         order.append(page.evaluate("document.activeElement.id"))
-    assert order[:6] == ["start", "persona", "voice", "transport", "text", "send"], order
+    assert order[:7] == ["past", "start", "persona", "voice", "transport", "text", "send"], order
     assert page.get_attribute("#partial", "aria-live") == "polite"
     assert page.get_attribute("#error", "role") == "alert"
 
