@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,7 +94,8 @@ class Summariser:
         if self._call is not None:
             self._call.hold(False)
         elif self.on and self._task is None and self.memory.summary_due(AHEAD) and self.llm.other_requests(self.session_id) == 0:
-            self._task = self.spawn(self._write)
+            with suppress(RuntimeError):  # the session is closing (a reply cancelled with it ends here): none starts
+                self._task = self.spawn(self._write)
 
     def apply(self, summary: Summary) -> int:
         """Put it in place: -> how many messages it replaced."""

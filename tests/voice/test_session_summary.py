@@ -59,3 +59,25 @@ def test_a_summary_cut_at_its_token_limit_keeps_its_whole_sentences() -> None:
 
     assert whole_sentences("Ana's dog is Biscuit. The number 16 is the six") == "Ana's dog is Biscuit."
     assert whole_sentences("No end at all") == "No end at all" and whole_sentences("Version 2.5 is out! And") == "Version 2.5 is out!"
+
+
+def test_a_summary_due_as_the_session_closes_starts_nothing_and_raises_nothing() -> None:
+    """A reply cancelled by the session's close ends (go_on) while its task group shuts down: no summary starts."""
+    from voice.history import History
+    from voice.summary import Summariser
+
+    class Llm:
+        def other_requests(self, session_id: str) -> int:
+            return 0
+
+    def closing(*args: object) -> None:
+        raise RuntimeError("TaskGroup is shutting down")
+
+    memory = History(max_chars=100, max_messages=100)
+    for i in range(6):
+        memory.add_user(f"question {i} " + "x" * 10)
+        memory.add("assistant", "an answer")
+    assert memory.summary_due(0.75)
+    summariser = Summariser("s1", memory, Llm(), closing, lambda: "system")  # type: ignore[arg-type]
+    summariser.go_on()
+    assert summariser._task is None
