@@ -106,6 +106,7 @@ class UserMemory:
         self.shown: tuple[Fact, ...] = ()
         self._task: asyncio.Task[None] | None = None
         self._queued: list[tuple[str, str]] = []  # (said, reply) turns not yet read
+        self._settled = False  # the session has closed
 
     @property
     def on(self) -> bool:
@@ -125,7 +126,7 @@ class UserMemory:
 
     def turn_ended(self, said: str, reply: str) -> None:
         """A user turn and its reply: read it for facts, after every request a user waits for."""
-        if not self.on or not said.strip():
+        if not self.on or self._settled or not said.strip():
             return
         self._queued.append((said, reply))
         if self._task is None:  # its own task, not the session's: it outlives the session's end by settle()'s bound
@@ -134,6 +135,7 @@ class UserMemory:
     async def settle(self, timeout_s: float) -> None:
         """The session ends (its close() calls this): the turns not read yet are read first, so a user who states a
         fact and hangs up is remembered, for at most `timeout_s`; then the reading stops."""
+        self._settled = True  # a reply that ends after this (cancelled by the close) is not read
         task = self._task
         if task is None:
             return
