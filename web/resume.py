@@ -9,6 +9,7 @@ clock time (it must mean the same after a restart).
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
@@ -91,5 +92,15 @@ class ResumeTokens:
         if token is not None:
             self._by_token.pop(token, None)
 
+    def holds(self, token: str) -> bool:
+        """Whether `token` is one this process issued and has not spent (valid or not for its user, expired or not)."""
+        return token in self._by_token
+
     def held(self) -> int:
         return sum(h.deadline_s is not None for h in self._by_token.values())
+
+
+def owner_of(auth: str, user: str | None) -> str:
+    """Whose facts a session's persona remembers (voice.user_memory): the client's user id under its auth token,
+    hashed; "" when the client names no user (nobody to remember)."""
+    return "" if user is None else hashlib.sha256(f"{auth}\n{user}".encode()).hexdigest()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 import uuid
@@ -23,6 +22,7 @@ from voice.session import InputError, Session
 from voice.trace import TurnTrace, now_ns
 from web import protocol as P
 from web.limits import RateLimiter, given_token, origin_allowed, token_ok
+from web.resume import owner_of
 from web.state import AppState
 
 
@@ -270,6 +270,11 @@ class Connection:
         if self.session is not None:
             raise P.ProtocolError("already_started", "session.start was already accepted on this connection")
         st = self.state
+        # admission prices new conversations: one held here for this reconnect was admitted (its slot kept); one read
+        # back after a restart holds nothing here yet, so it is priced like a new one
+        held_here = msg.resume is not None and st.resume.holds(msg.resume)
+        if not held_here:
+            self._admit()
         # a client with its own echo canceller (and every WebRTC peer: a browser's media stack has one, and the marks
         # there are the server's own) needs none of the server's
         own_aec = msg.echo_cancelled or self.transport == "webrtc"
@@ -281,13 +286,10 @@ class Connection:
                 settings, self.resumed = replace(settings, greet=False), True
             except ValueError as exc:
                 self._error("resume_failed", f"{exc}; a new conversation starts")
-        # admission prices new conversations: a resumed one was admitted already (its slot held, its load counted
-        # while the server had not yet seen the old socket die)
-        if not self.resumed and (full := st.refusal_detail()) is not None:
-            raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
-                                  extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
+        if held_here and not self.resumed:
+            self._admit()
         session = st.open_session(self.session_id, settings, msg.persona or st.cfg.default_persona, msg.voice,
-                                  outbox=self.outbox, on_trace=self._on_trace, user=_owner(self._auth, msg.user))  # fmt: skip
+                                  outbox=self.outbox, on_trace=self._on_trace, user=owner_of(self._auth, msg.user))  # fmt: skip
         # (raises InputError for an unknown persona or voice: the client may try again)
         self.session = session
         self.input_rate = msg.sample_rate
@@ -295,6 +297,12 @@ class Connection:
         st.telemetry.session_opened(self.session_id, transport=self.transport, persona=session.persona_name, voice=session.voice_name)
         self.outbox.send("session.ready", **self._ready_fields())
         self._tg.create_task(session.run(), name=f"parley:{self.session_id}:session")
+
+    def _admit(self) -> None:
+        """server_full (fatal, 1013) when the server takes no new conversation now."""
+        if (full := self.state.refusal_detail()) is not None:
+            raise P.ProtocolError("server_full", f"{full.reason}; try again later", fatal=True, close_code=P.CLOSE_TRY_AGAIN,
+                                  extra={"retry_after_ms": full.retry_after_ms})  # fmt: skip
 
     async def _take_over(self, conversation_id: str) -> str:
         """The conversation a token resumes, free for this connection: the one still carrying it (the server may not
@@ -387,9 +395,3 @@ class Connection:
         deadline = time.monotonic() + timeout_s
         while (self.outbox.pending() or self._writing) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-
-
-def _owner(auth: str, user: str | None) -> str:
-    """Whose facts a session's persona remembers (voice.user_memory): the client's user id under its auth token,
-    hashed; "" when the client names no user (nobody to remember)."""
-    return "" if user is None else hashlib.sha256(f"{auth}\n{user}".encode()).hexdigest()

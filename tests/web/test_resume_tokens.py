@@ -40,3 +40,11 @@ def test_past_max_held_the_conversations_held_longest_end() -> None:
         tokens.issue(cid, auth="")
     assert tokens.hold("a", now_s=0.0) == [] and tokens.hold("b", now_s=1.0) == []
     assert tokens.hold("c", now_s=2.0) == ["a"] and tokens.held() == 2
+
+
+def test_a_user_is_known_by_their_id_under_their_auth_token() -> None:
+    from web.resume import owner_of
+
+    assert owner_of("tok", None) == ""  # no user named: nobody to remember
+    assert owner_of("tok", "ana") == owner_of("tok", "ana") != owner_of("tok", "bo")
+    assert owner_of("tok", "ana") != owner_of("other-token", "ana")  # the same id under another token is someone else
