@@ -189,13 +189,14 @@ class History:
         self._replace(index, kept)
         return kept
 
-    def trim(self, force: bool = False) -> int:
+    def trim(self, force: bool = False, slack: float = 1.0) -> int:
         """A conversation that outgrew max_chars or max_messages loses its oldest half at once, from a user turn on:
         the prompt's prefix (and the engine's cache of it) then stays the same for many turns, where dropping one
         message a turn changed it every turn. A summary of older turns stays first. `force`: halve it now, however
         long (the engine had to leave messages out to fit its context: its tokens outgrew the character budget).
+        `slack`: outgrown only past this share of the bounds (a summary of the oldest turns is on its way).
         -> how many messages went."""
-        if not force and not self._over(1.0):
+        if not force and not self._over(slack):
             return 0
         chars = sum(len(text) for _, text in self._messages)
         cut = self.cut_point(min(self.max_chars, chars) // 2)

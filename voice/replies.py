@@ -21,6 +21,7 @@ from llm_engine.tool_format import call_text
 from voice.audio import SAMPLE_RATE, resample
 from voice.first_phrase import HeldPhrase
 from voice.history import reply_content
+from voice.summary import SLACK
 from voice.interjection import words
 from voice.listener import Utterance
 from voice.llm_bridge import LlmCall, LlmError, LlmEvent, LlmFinish, LlmToken, ToolAsk
@@ -270,7 +271,8 @@ class Replies:
         context: dict[str, Any] = {}
         if (summary := s.summary.take_ready()) is not None:  # written ahead: the oldest turns give way to it
             context.update(summarised_messages=s.summary.apply(summary), summary=summary.text)
-        if dropped := s.memory.trim(force=fitted):  # the bound came before a summary was ready (or a forced halving)
+        # the bound came before a summary was ready (with one on its way, a little past it), or a forced halving
+        if dropped := s.memory.trim(force=fitted, slack=SLACK if s.summary.underway else 1.0):
             context["dropped_messages"] = dropped
         if context:
             if trace is not None:

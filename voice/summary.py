@@ -19,7 +19,8 @@ from voice.history import SUMMARY, History, Message
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 
 log = logging.getLogger(__name__)
-AHEAD = 0.75  # of the history's bounds: a summary is written from here on, before the bound would drop the turns
+AHEAD = 0.6  # of the history's bounds: a summary is written from here on, before the bound would drop the turns
+SLACK = 1.25  # while one is on its way, the bound drops turns only past this share of it (the context has room)
 MAX_SUMMARY_TOKENS = 160
 # a summary grows by the summary of each newer part, its older sentences kept word for word (every pass of a small
 # model over them loses some); past this many characters the whole is summarised again in one pass
@@ -96,6 +97,11 @@ class Summariser:
         elif self.on and self._task is None and self.memory.summary_due(AHEAD) and self.llm.other_requests(self.session_id) == 0:
             with suppress(RuntimeError):  # the session is closing (a reply cancelled with it ends here): none starts
                 self._task = self.spawn(self._write)
+
+    @property
+    def underway(self) -> bool:
+        """A summary is being written (or its prompt computed): the history may outgrow its bound a little for it."""
+        return self._task is not None
 
     def apply(self, summary: Summary) -> int:
         """Put it in place: -> how many messages it replaced."""

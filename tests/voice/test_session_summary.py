@@ -4,9 +4,8 @@ turns' place as a reply ends, and the shorter prompt is warmed again at once; a 
 for word and adds the newer turns' (each pass of a small model over a summary loses some of it)."""
 from __future__ import annotations
 
-import asyncio
-
 from fakes import FakeEngine, Harness
+from voice.summary import SLACK
 
 UNPACED = 60_000.0
 FACT = "My name is Ana and I am vegetarian."
@@ -14,13 +13,13 @@ FACT = "My name is Ana and I am vegetarian."
 
 async def test_a_long_conversation_summarises_its_oldest_turns_instead_of_dropping_them() -> None:
     engine = FakeEngine(reply_words="Noted, thank you.".split())
-    async with Harness(engine=engine, history_chars=400, warm_prompt=True, audio_lead_ms=UNPACED) as h:
+    async with Harness(engine=engine, history_chars=1200, warm_prompt=True, audio_lead_ms=UNPACED) as h:
         for i in range(14):
-            h.session.text_input(FACT if i == 0 else f"question number {i} " + "x" * 40)
+            h.session.text_input(FACT if i == 0 else f"question number {i} " + "x" * 130)
             await h.wait_for("response.done", i + 1)
         traces = [await h.wait_for("turn.trace", n) for n in range(1, 15)]
         contexts = [t["context"] for t in traces if "context" in t]
-        assert contexts and all("dropped_messages" not in c for c in contexts)  # summarised in time: nothing dropped
+        assert contexts and all("dropped_messages" not in c for c in contexts), contexts  # summarised in time
         assert all(c["summarised_messages"] >= 2 for c in contexts)
         # the next summary adds the newer part's to the last one, kept word for word (no second pass over it)
         assert [c["summary"] for c in contexts[:2]] == ["Noted, thank you.", "Noted, thank you. Noted, thank you."]
@@ -31,13 +30,12 @@ async def test_a_long_conversation_summarises_its_oldest_turns_instead_of_droppi
         assert any(stream.holds[:1] == [True] for _, stream in asks), [s.holds for _, s in asks]
         history = h.session.history
         assert history[0] == ("summary", contexts[-1]["summary"]) and history[1][0] == "user"
-        assert sum(len(text) for _, text in history[1:]) <= 400
+        assert sum(len(text) for _, text in history) <= 1200 * SLACK
         system = h.session.messages()[0][1]
         assert system.endswith(f"Earlier in this conversation (a summary): {contexts[-1]['summary']}")
-        prompt = [w for role, text in h.session.messages() for w in (role, *text.split())]
-        async with asyncio.timeout(10):  # the shorter prompt is back in the conversation's slot before the next turn
-            while engine.slots.get("s1") != prompt:
-                await asyncio.sleep(0.005)
+        # the turn after each summary found the shorter prompt warm: it computed little of it
+        after = [traces[k + 1]["llm"] for k, t in enumerate(traces[:-1]) if "context" in t]
+        assert after and all(llm["reused_tokens"] > 3 * llm["prefill_tokens"] for llm in after), after
         # the prompt each summary makes was computed ahead in the side slot, for the next request to copy
         ahead = [r for r in engine.requests if r.session_id == "s1/summary" and r.sampling.max_new_tokens == 0]
         assert len(ahead) >= len(contexts) and all(r.background for r in ahead)
