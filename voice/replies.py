@@ -283,7 +283,7 @@ class Replies:
         s.summary.go_on()
         said = trace.texts.get("user") if trace is not None else None
         if said and s.persona.memory:  # what the user said of themselves, for their next conversations
-            s.user_memory.turn_ended(said, reply.text)
+            s.user_memory.turn_ended(said)
         # a reply sent whole still plays on the client: speech over its last words (or their echo) is an interjection
         s.apply(s.turns.reply_ended(reply.turn_id, interrupted, audible_ms=0.0 if interrupted else reply.unplayed_ms()))
         if trace is not None:

@@ -20,6 +20,8 @@ from voice.facts import MAX_FACT_CHARS, Fact, FactStore
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 
 log = logging.getLogger(__name__)
+
+
 def schema(facts: Sequence[Fact]) -> dict[str, Any]:
     """The answer's shape: which known notes go (their texts, nothing else), and the new ones."""
     known = [f.text for f in facts]
@@ -105,7 +107,7 @@ class UserMemory:
         self.facts: tuple[Fact, ...] = ()  # all the user's, as last read
         self.shown: tuple[Fact, ...] = ()
         self._task: asyncio.Task[None] | None = None
-        self._queued: list[tuple[str, str]] = []  # (said, reply) turns not yet read
+        self._queued: list[str] = []  # what the user said in turns not yet read
         self._settled = False  # the session has closed
 
     @property
@@ -124,11 +126,11 @@ class UserMemory:
     def prompt(self) -> str:
         return memory_prompt(self.shown)
 
-    def turn_ended(self, said: str, reply: str) -> None:
-        """A user turn and its reply: read it for facts, after every request a user waits for."""
+    def turn_ended(self, said: str) -> None:
+        """A user turn's reply ended: what the user said is read for facts, after every request a user waits for."""
         if not self.on or self._settled or not said.strip():
             return
-        self._queued.append((said, reply))
+        self._queued.append(said)
         if self._task is None:  # its own task, not the session's: it outlives the session's end by settle()'s bound
             self._task = asyncio.get_running_loop().create_task(self._read_turns(), name=f"parley:{self.key}")
 
@@ -146,16 +148,16 @@ class UserMemory:
     async def _read_turns(self) -> None:
         try:
             while self._queued:
-                said, reply = self._queued.pop(0)
+                said = self._queued.pop(0)
                 try:
-                    await self._read(said, reply)
+                    await self._read(said)
                 except Exception as exc:  # a stage or the database failed: this turn is not read, the session goes on
                     log.warning("user memory: a turn was not read: %r", exc)
         finally:
             self._task = None
             await asyncio.to_thread(self.llm.release, self.key)
 
-    async def _read(self, said: str, reply: str) -> None:
+    async def _read(self, said: str) -> None:
         assert self.store is not None
         text: list[str] = []
         constraint = Constraint(json_schema_grammar(schema(self.facts)), close_at_limit=True)
