@@ -60,6 +60,13 @@ EXAMPLES = (
 )
 
 
+class MemoryLlm(Protocol):
+    def generate(self, session_id: str, messages: Sequence[tuple[str, str]], *, max_new_tokens: int,
+                 constraint: Constraint | None, background: bool) -> LlmCall: ...  # fmt: skip
+
+    def release(self, session_id: str) -> None: ...
+
+
 def memory_prompt(facts: Sequence[Fact]) -> str:
     """What the system prompt says of them ('' for none)."""
     if not facts:
