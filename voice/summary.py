@@ -23,7 +23,7 @@ AHEAD = 0.6  # of the history's bounds: a summary is written from here on, befor
 SLACK = 1.25  # while one is on its way, the bound drops turns only past this share of it (the context has room)
 MAX_SUMMARY_TOKENS = 160
 # a summary grows by the summary of each newer part, its older sentences kept word for word (every pass of a small
-# model over them loses some); past this many characters the whole is summarised again in one pass
+# model over them loses some); past this many characters (or a quarter of the history's) the whole is summarised again
 MAX_SUMMARY_CHARS = 1200
 SUMMARY_SYSTEM = "You keep short notes of a spoken conversation between a user and an assistant."
 SUMMARY_ASK = (
@@ -111,7 +111,8 @@ class Summariser:
     async def _write(self) -> None:
         covers = self.memory.messages[: self.memory.summary_due(AHEAD)]
         kept = covers[0][1] if covers and covers[0][0] == SUMMARY else ""
-        if kept and len(kept) < MAX_SUMMARY_CHARS:  # the last summary stays as it is; only what came after is new
+        # the last summary stays as it is and only what came after is new, while it is a small part of the history
+        if kept and len(kept) < min(MAX_SUMMARY_CHARS, self.memory.max_chars // 4):
             asked, covers_new = summary_prompt(covers[1:]), True
         else:
             asked, covers_new = summary_prompt(covers), False
