@@ -41,7 +41,6 @@ from voice.turntaking import Reply as ReplyTo
 
 __all__ = ["InputError", "Session", "LlmFailed"]
 log = logging.getLogger(__name__)
-MEMORY_SETTLE_S = 10.0  # a closing session's last turns are read for facts for at most this long (voice.user_memory)
 
 
 class InputError(Exception):
@@ -100,8 +99,7 @@ class Session:
             busy=lambda: self.preempt.busy(), frontend=self._frontend(settings, stages),
         )  # fmt: skip
         self.replies = Replies(self)
-        self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, self.system_prompt,
-                                  on=settings.summarise_history)  # fmt: skip
+        self.summary = Summariser(self.session_id, self.memory, stages.llm, self.spawn, self.system_prompt, on=settings.summarise_history)
         facts = conversation.store if isinstance(conversation.store, FactStore) else None
         self.user_memory = UserMemory(self.session_id, user, facts, stages.llm, changed=self._memory_changed)
         self.preempt = FirstPhrases(self, settings.preemptive_phrase, settings.preemptive_shed_wait_ms)
@@ -305,7 +303,7 @@ class Session:
         self.replies.stop_current()
         self.preempt.close()
         self._early.clear()
-        await self.user_memory.settle(MEMORY_SETTLE_S)
+        await self.user_memory.settle()
         tasks = [t for t in [*self._bg, self.replies.task] if t is not None]
         for task in tasks:
             task.cancel()
@@ -340,8 +338,7 @@ class Session:
         (its user message, and what was heard of its reply) the joined request replaces."""
         return self.memory.prompt(self.system_prompt(), user_text, joins)
 
-    def system_prompt(self) -> str:
-        """The persona's (or the client's) instructions, what it remembers of the user, its tools."""
+    def system_prompt(self) -> str:  # the persona's (or client's) instructions, what it remembers of the user, tools
         llm = self.stages.llm
         system = self.instructions or self.persona.system_prompt
         if self.persona.memory and (remembered := self.user_memory.prompt()):
@@ -382,8 +379,7 @@ class Session:
         """Run what turn-taking asked for (voice.turn_shell; also called by voice.replies as replies end)."""
         self.shell.apply(actions, typed)
 
-    def _memory_changed(self) -> None:
-        """A fact the user asked to forget left the system prompt: the new one goes into the cache now."""
+    def _memory_changed(self) -> None:  # a fact the user asked to forget left the system prompt: into the cache now
         if self.settings.warm_prompt and self.task_group is not None:
             with suppress(RuntimeError):  # the session is closing: its next conversation's prompt has it right
                 self.rewarm()

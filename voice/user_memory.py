@@ -20,6 +20,7 @@ from voice.facts import MAX_FACT_CHARS, Fact, FactStore
 from voice.llm_bridge import LlmCall, LlmError, LlmFinish, LlmToken
 
 log = logging.getLogger(__name__)
+SETTLE_S = 10.0  # a closing session's last turns are read for facts for at most this long
 
 
 def schema(facts: Sequence[Fact]) -> dict[str, Any]:
@@ -141,7 +142,7 @@ class UserMemory:
         if self._task is None:  # its own task, not the session's: it outlives the session's end by settle()'s bound
             self._task = asyncio.get_running_loop().create_task(self._read_turns(), name=f"parley:{self.key}")
 
-    async def settle(self, timeout_s: float) -> None:
+    async def settle(self, timeout_s: float = SETTLE_S) -> None:
         """The session ends (its close() calls this): the turns not read yet are read first, so a user who states a
         fact and hangs up is remembered, for at most `timeout_s`; then the reading stops."""
         self._settled = True  # a reply that ends after this (cancelled by the close) is not read
